@@ -1,0 +1,180 @@
+"""What a kernel is: its op family, its shape and its data type.
+
+Shapes follow the NeuSight measurement schema so that a CSV row maps to a `KernelSpec`
+without renaming:
+
+* ``bmm``: dims ``(B, M, N, K)``: ``(B, M, N) @ (B, N, K) -> (B, M, K)``; ``N`` is the
+  reduction dimension.
+* ``linear``: dims ``(B, M, N, K)``: input ``(B*M, N)``, ``nn.Linear(N, K, bias=True)``,
+  output ``(B*M, K)``; ``N`` is the reduction dimension. The data always has ``B = 1``.
+* ``elementwise``, ``softmax``, ``layernorm``, ``memory``: dims ``(B, H)``, a tensor of
+  ``B`` rows of ``H`` elements; softmax and layer norm normalise over ``H``.
+
+``op`` names the operator inside a family (``add``, ``gelu``, ``embedding``...). Where the
+family has one operator it equals the family name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class OpFamily(StrEnum):
+    """Op families; each has its own tile model and its own MLP."""
+
+    BMM = "bmm"
+    LINEAR = "linear"
+    ELEMENTWISE = "elementwise"
+    SOFTMAX = "softmax"
+    LAYERNORM = "layernorm"
+    MEMORY = "memory"
+
+
+class Dtype(StrEnum):
+    """Element types; tensor-core types use the catalog's per-dtype peaks."""
+
+    FP32 = "fp32"
+    TF32 = "tf32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    FP8 = "fp8"
+
+
+ITEMSIZE_BYTES: dict[Dtype, int] = {
+    Dtype.FP32: 4,
+    Dtype.TF32: 4,
+    Dtype.FP16: 2,
+    Dtype.BF16: 2,
+    Dtype.FP8: 1,
+}
+
+GEMM_FAMILIES = frozenset({OpFamily.BMM, OpFamily.LINEAR})
+ROW_FAMILIES = frozenset(
+    {OpFamily.ELEMENTWISE, OpFamily.SOFTMAX, OpFamily.LAYERNORM, OpFamily.MEMORY}
+)
+
+# Element-wise operators: (tensor inputs read, FLOPs per output element).
+# The `u` suffix marks the tensor-with-Python-scalar form of the data ("addu" = x + 2.0).
+ELEMENTWISE_OPS: dict[str, tuple[int, int]] = {
+    "add": (2, 1),
+    "mul": (2, 1),
+    "div": (2, 1),
+    "pow": (2, 1),
+    "addu": (1, 1),
+    "mulu": (1, 1),
+    "divu": (1, 1),
+    "powu": (1, 1),
+    "relu": (1, 1),
+    "gelu": (1, 8),
+    "tanh": (1, 4),
+}
+
+# Memory-bound operators: (bytes-sized elements read, written) per element of (B, H).
+MEMORY_OPS: dict[str, tuple[float, float]] = {
+    "copy": (1.0, 1.0),
+    "embedding": (1.0, 1.0),  # gather B rows of width H, write them
+    "dropout": (1.0, 2.0),  # read x, write y and a mask (mask counted as one element)
+    "masked_fill": (1.0, 1.0),
+    "fill": (0.0, 1.0),
+}
+
+FAMILY_OPS: dict[OpFamily, tuple[str, ...]] = {
+    OpFamily.BMM: ("bmm",),
+    OpFamily.LINEAR: ("linear",),
+    OpFamily.ELEMENTWISE: tuple(ELEMENTWISE_OPS),
+    OpFamily.SOFTMAX: ("softmax",),
+    OpFamily.LAYERNORM: ("layernorm",),
+    OpFamily.MEMORY: tuple(MEMORY_OPS),
+}
+
+# FLOPs per element of the row families other than element-wise.
+ROW_FLOPS_PER_ELEMENT: dict[OpFamily, int] = {
+    OpFamily.SOFTMAX: 5,
+    OpFamily.LAYERNORM: 8,
+    OpFamily.MEMORY: 0,
+}
+
+# NeuSight `OPName` -> (family, op).
+NEUSIGHT_OPS: dict[str, tuple[OpFamily, str]] = {
+    "bmm": (OpFamily.BMM, "bmm"),
+    "linear": (OpFamily.LINEAR, "linear"),
+    "softmax": (OpFamily.SOFTMAX, "softmax"),
+    "ln": (OpFamily.LAYERNORM, "layernorm"),
+    **{name: (OpFamily.ELEMENTWISE, name) for name in ELEMENTWISE_OPS},
+}
+
+
+def family_of_op(op: str) -> OpFamily:
+    """Return the family of an operator name (``gelu`` -> elementwise, ``ln`` -> layernorm)."""
+    if op in NEUSIGHT_OPS:
+        return NEUSIGHT_OPS[op][0]
+    for family, ops in FAMILY_OPS.items():
+        if op in ops or op == family.value:
+            return family
+    known = sorted({*NEUSIGHT_OPS, *(o for ops in FAMILY_OPS.values() for o in ops)})
+    raise ValueError(f"unknown op {op!r}; accepted: {', '.join(known)}")
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSpec:
+    """One kernel launch: family, operator, shape and dtype. Hashable: a memo key."""
+
+    family: OpFamily
+    dims: tuple[int, ...]
+    dtype: Dtype = Dtype.FP32
+    op: str = ""
+
+    def __post_init__(self) -> None:
+        expected = 4 if self.family in GEMM_FAMILIES else 2
+        if len(self.dims) != expected:
+            names = "B,M,N,K" if expected == 4 else "B,H"
+            raise ValueError(
+                f"{self.family.value} takes {expected} dims ({names}), got {len(self.dims)}"
+            )
+        if any(int(d) != d or d <= 0 for d in self.dims):
+            raise ValueError(f"dims must be positive integers, got {self.dims}")
+        op = self.op or FAMILY_OPS[self.family][0]
+        if op not in FAMILY_OPS[self.family]:
+            accepted = ", ".join(FAMILY_OPS[self.family])
+            raise ValueError(f"op {op!r} is not in family {self.family.value}; use {accepted}")
+        object.__setattr__(self, "op", op)
+        object.__setattr__(self, "dims", tuple(int(d) for d in self.dims))
+
+    @property
+    def itemsize_bytes(self) -> int:
+        """Bytes per element of this kernel's dtype."""
+        return ITEMSIZE_BYTES[self.dtype]
+
+    def flops(self) -> float:
+        """Floating-point operations (an FMA counts 2)."""
+        if self.family in GEMM_FAMILIES:
+            B, M, N, K = self.dims
+            bias = B * M * K if self.family is OpFamily.LINEAR else 0
+            return float(2 * B * M * N * K + bias)
+        B, H = self.dims
+        if self.family is OpFamily.ELEMENTWISE:
+            per_elem = ELEMENTWISE_OPS[self.op][1]
+        else:
+            per_elem = ROW_FLOPS_PER_ELEMENT[self.family]
+        return float(per_elem * B * H)
+
+    def bytes(self) -> float:
+        """Minimum DRAM traffic: every operand read once and every result written once."""
+        s = self.itemsize_bytes
+        if self.family is OpFamily.BMM:
+            B, M, N, K = self.dims
+            return float(s * B * (M * N + N * K + M * K))
+        if self.family is OpFamily.LINEAR:
+            B, M, N, K = self.dims
+            return float(s * (B * M * N + N * K + K + B * M * K))
+        B, H = self.dims
+        if self.family is OpFamily.ELEMENTWISE:
+            reads, _ = ELEMENTWISE_OPS[self.op]
+            return float(s * B * H * (reads + 1))
+        if self.family is OpFamily.LAYERNORM:
+            return float(s * (2 * B * H + 2 * H))
+        if self.family is OpFamily.SOFTMAX:
+            return float(s * 2 * B * H)
+        reads_w, writes_w = MEMORY_OPS[self.op]
+        return float(s * B * H * (reads_w + writes_w))

@@ -1,0 +1,15 @@
+"""Errors that the CLI turns into one line and exit code 2 (bad input) or 1 (cannot run)."""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """Bad user input: the message names the field and the fix."""
+
+
+class InfeasibleConfig(Exception):  # noqa: N818 (a result, not a bug: calculon's Llm.Error)
+    """A valid configuration that cannot run (does not fit, does not divide)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
