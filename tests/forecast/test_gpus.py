@@ -1,0 +1,112 @@
+"""The GPU catalog (forecast/data/gpus/*.toml) and the NeuSight device-sheet reader."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from forecast.gpus import CATALOG_DIR, GPUError, gpu_id_for_device, list_gpus, load_gpu
+from forecast.kernels import Dtype
+
+SHARED = Path(__file__).resolve().parents[3] / "shared"
+GPUS_JSON = SHARED / "data" / "hardware" / "gpus.json"
+NEUSIGHT_DEVICES = SHARED / "data" / "neusight" / "devices"
+CATALOG_FILES = sorted(CATALOG_DIR.glob("*.toml"))
+
+NEUSIGHT_IDS = {
+    "Tesla P4": "p4",
+    "Tesla P100-PCIE-16GB": "p100-pcie-16gb",
+    "Tesla T4": "t4",
+    "Tesla V100-PCIE-32GB": "v100-pcie-32gb",
+    "NVIDIA A100-PCIE-40GB": "a100-pcie-40gb",
+    "NVIDIA A100-SXM4-40GB": "a100-sxm4-40gb",
+    "NVIDIA A100 80GB PCIe": "a100-pcie-80gb",
+    "NVIDIA L4": "l4",
+    "NVIDIA H100 80GB HBM3": "h100-sxm5-80gb",
+    "AMD Instinct MI100": "mi100",
+    "AMD Instinct MI210": "mi210",
+}
+
+
+def _neusight_files() -> list[Path]:
+    if not NEUSIGHT_DEVICES.is_dir():
+        pytest.skip(f"NeuSight device sheets not found at {NEUSIGHT_DEVICES}")
+    return sorted(NEUSIGHT_DEVICES.glob("*.json"))
+
+
+@pytest.mark.parametrize("path", CATALOG_FILES, ids=lambda p: p.stem)
+def test_every_catalog_file_loads_with_its_stem_as_id(path: Path) -> None:
+    gpu = load_gpu(path)
+    assert gpu.id == path.stem
+    assert load_gpu(path.stem) == gpu
+    assert Dtype.FP32 in gpu.peak_flops_per_s
+    assert gpu.sources
+
+
+def test_catalog_ids_equal_the_ids_of_gpus_json() -> None:
+    if not GPUS_JSON.is_file():
+        pytest.skip(f"shared hardware data not found at {GPUS_JSON}")
+    expected = {record["id"] for record in json.loads(GPUS_JSON.read_text())}
+    assert set(list_gpus()) == expected
+
+
+@pytest.mark.parametrize(("device", "gpu_id"), sorted(NEUSIGHT_IDS.items()))
+def test_neusight_device_names_map_to_catalog_ids(device: str, gpu_id: str) -> None:
+    assert gpu_id_for_device(device) == gpu_id
+    assert load_gpu(device).id == gpu_id
+
+
+def test_only_the_listed_gpus_carry_neusight_names() -> None:
+    named = {gid for gid in list_gpus() if load_gpu(gid).neusight_names}
+    assert named == set(NEUSIGHT_IDS.values())
+
+
+def test_every_neusight_device_sheet_loads() -> None:
+    files = _neusight_files()
+    assert files
+    for path in files:
+        gpu = load_gpu(path)
+        assert gpu.num_sms > 0
+        assert gpu.peak_flops_per_s[Dtype.FP32] > 0
+
+
+def test_neusight_sheet_agrees_with_catalog_on_a100_pcie_80gb() -> None:
+    _neusight_files()
+    path = NEUSIGHT_DEVICES / "NVIDIA_A100_80GB_PCIe.json"
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    sheet = load_gpu(path)
+    assert sheet.id == "a100-pcie-80gb"
+    assert sheet.num_sms == load_gpu("a100-pcie-80gb").num_sms
+
+
+@pytest.mark.parametrize("gpu_id", list_gpus())
+def test_fp32_peak_matches_sms_lanes_and_boost_clock(gpu_id: str) -> None:
+    gpu = load_gpu(gpu_id)
+    lane_rate = gpu.num_sms * gpu.fp32_lanes_per_sm * 2 * gpu.boost_clock_hz
+    assert lane_rate == pytest.approx(gpu.peak_flops_per_s[Dtype.FP32], rel=0.05)
+    assert gpu.fp32_dedicated_lanes_per_sm <= gpu.fp32_lanes_per_sm
+
+
+def test_missing_dtype_raises_gpu_error_naming_what_exists() -> None:
+    with pytest.raises(GPUError, match="fp16"):
+        load_gpu("v100-sxm2-32gb").peak_for(Dtype.BF16)
+
+
+def test_unknown_id_raises_gpu_error_listing_accepted_ids() -> None:
+    with pytest.raises(GPUError) as excinfo:
+        load_gpu("no-such-gpu")
+    message = str(excinfo.value)
+    assert "no-such-gpu" in message
+    for gpu_id in ("h100-sxm5-80gb", "a100-sxm4-80gb", "mi300x"):
+        assert gpu_id in message
+
+
+def test_unknown_field_raises_gpu_error_naming_the_field(tmp_path: Path) -> None:
+    text = (CATALOG_DIR / "a100-sxm4-80gb.toml").read_text()
+    path = tmp_path / "bad-gpu.toml"
+    path.write_text("bogus_clock_mhz = 1410\n" + text)
+    with pytest.raises(GPUError, match="bogus_clock_mhz"):
+        load_gpu(path)
