@@ -1,0 +1,178 @@
+"""Collective algorithms as lists of phases: ring, tree, NVLS, hierarchical and direct.
+
+Each algorithm maps (op, bytes, group) to the `Phase` list it runs, or None where it does not
+apply. ``nbytes`` is the nccl-tests size S: the buffer for all-reduce, broadcast and reduce, the
+total array for all-gather and reduce-scatter, the total sent by one rank for all-to-all.
+Formulas: shared/data/hardware/collectives.md sections 1-3.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from topologies.cluster import GroupLinks
+
+Op = Literal[
+    "all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all", "send-recv"
+]
+OPS: tuple[Op, ...] = (
+    "all-reduce",
+    "all-gather",
+    "reduce-scatter",
+    "broadcast",
+    "reduce",
+    "all-to-all",
+    "send-recv",
+)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One pipelined stage: bytes each rank sends, at what bandwidth, after what latency.
+
+    ``depth_s`` is the latency of the pipeline a chunk must cross; with the chunk count chosen
+    optimally the fill/drain costs ``2 sqrt(depth_s * wire_bytes / bw)`` (classic pipelined
+    broadcast segmentation), which is what makes mid-size messages slower than alpha-beta.
+    Phases of one algorithm run as one chunk pipeline: phases on the same ``link`` add up,
+    different links overlap.
+    """
+
+    wire_bytes: float
+    bw_bytes_per_s: float
+    latency_s: float
+    depth_s: float
+    link: str = "intra"
+
+
+Algorithm = Callable[[Op, float, GroupLinks], list[Phase] | None]
+
+
+def ring_bytes_per_rank(op: Op, nbytes: float, n: int) -> float:
+    """Bytes one rank sends in a ring: 2(n-1)/n S for all-reduce, (n-1)/n S for RS/AG."""
+    if op == "all-reduce":
+        return 2 * (n - 1) / n * nbytes
+    if op in ("all-gather", "reduce-scatter", "all-to-all"):
+        return (n - 1) / n * nbytes
+    return nbytes
+
+
+def _ring_steps(op: Op, n: int) -> int:
+    return 2 * (n - 1) if op == "all-reduce" else n - 1
+
+
+def _ring_phase(op: Op, nbytes: float, n: int, bw: float, step_latency_s: float) -> Phase:
+    steps = _ring_steps(op, n)
+    latency = steps * step_latency_s
+    return Phase(ring_bytes_per_rank(op, nbytes, n), bw, latency, latency * (steps - 1) / steps)
+
+
+def ring(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
+    """Flat ring over all ranks; crosses each node's NICs once per ring (NCCL rings)."""
+    if op in ("all-to-all", "send-recv"):
+        return None
+    if g.num_nodes == 1:
+        bw = g.intra_bw_bytes_per_s
+    elif g.ranks_per_node == 1:
+        bw = g.inter_bw_bytes_per_s
+    else:
+        bw = min(g.intra_bw_bytes_per_s, g.inter_bw_bytes_per_s)
+    steps = _ring_steps(op, g.size)
+    inter = (steps // (g.size - 1)) * (g.num_nodes - 1)
+    latency = (steps - inter) * g.intra_latency_s + inter * g.inter_latency_s
+    depth = latency * (steps - 1) / steps
+    return [Phase(ring_bytes_per_rank(op, nbytes, g.size), bw, latency, depth)]
+
+
+def tree(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
+    """Double binary tree across nodes, chain inside: latency O(log nodes), algbw 0.5 busBw."""
+    if op not in ("all-reduce", "broadcast", "reduce"):
+        return None
+    ups = 2 if op == "all-reduce" else 1
+    hops_intra = ups * (g.ranks_per_node - 1)
+    hops_inter = ups * math.ceil(math.log2(g.num_nodes)) if g.num_nodes > 1 else 0
+    bw = g.intra_bw_bytes_per_s
+    if g.num_nodes > 1:
+        bw = min(bw, g.inter_bw_bytes_per_s) if g.ranks_per_node > 1 else g.inter_bw_bytes_per_s
+    latency = hops_intra * g.intra_latency_s + hops_inter * g.inter_latency_s
+    hops = max(1, hops_intra + hops_inter)
+    return [Phase(ups * nbytes, bw, latency, latency * (hops - 1) / hops)]
+
+
+def _nvls_phase(op: Op, nbytes: float, g: GroupLinks) -> Phase | None:
+    if g.nvls is None or g.ranks_per_node < 2:
+        return None
+    n = g.ranks_per_node
+    wire = nbytes if op == "all-reduce" else nbytes * (n - 1) / n
+    bw = g.intra_line_bw_bytes_per_s * g.nvls.efficiency
+    return Phase(wire, bw, g.nvls.latency_s, g.nvls.latency_s)
+
+
+def _inter_phase(op: Op, nbytes: float, g: GroupLinks) -> Phase:
+    """The inter-node ring among ranks with the same local index, on S / ranks_per_node."""
+    per_rank_bw = g.inter_bw_bytes_per_s / g.ranks_per_node
+    p = _ring_phase(op, nbytes / g.ranks_per_node, g.num_nodes, per_rank_bw, g.inter_latency_s)
+    return Phase(p.wire_bytes, p.bw_bytes_per_s, p.latency_s, p.depth_s, link="inter")
+
+
+def _two_level(op: Op, nbytes: float, g: GroupLinks, intra: list[Phase]) -> list[Phase] | None:
+    """Intra-node phases plus, across nodes, a ring on 1/ranks_per_node of the data."""
+    if g.num_nodes == 1:
+        return intra
+    if g.ranks_per_node == 1:
+        return None
+    return [*intra, _inter_phase(op, nbytes, g)]
+
+
+def nvls(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
+    """NVLink SHARP inside each node (one switch round); ring across nodes when multi-node."""
+    if op not in ("all-reduce", "all-gather", "reduce-scatter"):
+        return None
+    phase = _nvls_phase(op, nbytes, g)
+    return None if phase is None else _two_level(op, nbytes, g, [phase])
+
+
+def hierarchical(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
+    """Two-level: ring inside each node, ring across nodes on 1/ranks_per_node of the data."""
+    if op not in ("all-reduce", "all-gather", "reduce-scatter"):
+        return None
+    if g.num_nodes == 1 or g.ranks_per_node == 1:
+        return None
+    n, bw, lat = g.ranks_per_node, g.intra_bw_bytes_per_s, g.intra_latency_s
+    if op == "all-reduce":  # reduce-scatter inside, all-reduce across, all-gather inside
+        intra = [_ring_phase(o, nbytes, n, bw, lat) for o in ("reduce-scatter", "all-gather")]
+    else:
+        intra = [_ring_phase(op, nbytes, n, bw, lat)]
+    return _two_level(op, nbytes, g, intra)
+
+
+def direct(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
+    """Pairwise exchange for all-to-all and send/recv; NIC-bound across nodes."""
+    if op not in ("all-to-all", "send-recv"):
+        return None
+    if op == "send-recv":
+        if g.num_nodes == 1:
+            bw = g.intra_bw_bytes_per_s
+            return [Phase(nbytes, bw, g.intra_latency_s, 0.0)]
+        bw = g.inter_bw_bytes_per_s / g.ranks_per_node
+        return [Phase(nbytes, bw, g.inter_latency_s, 0.0)]
+    n, ppn = g.size, g.ranks_per_node
+    intra_s = nbytes * (ppn - 1) / n / g.intra_bw_bytes_per_s if ppn > 1 else 0.0
+    inter_s = 0.0
+    if g.num_nodes > 1:
+        inter_s = nbytes * (n - ppn) / n / (g.inter_bw_bytes_per_s / ppn)
+    wire = nbytes * (n - 1) / n
+    bw = wire / max(intra_s, inter_s)
+    latency = (ppn - 1) * g.intra_latency_s + (g.num_nodes - 1) * g.inter_latency_s
+    return [Phase(wire, bw, latency, 0.0)]
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "ring": ring,
+    "tree": tree,
+    "nvls": nvls,
+    "hierarchical": hierarchical,
+    "direct": direct,
+}

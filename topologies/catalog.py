@@ -1,0 +1,119 @@
+"""The server and network catalogs: one TOML file per item, file stem = id.
+
+Ids equal those of ``shared/data/hardware`` (``dgx-h100``, ``ib-ndr``). A cluster is a server id
+plus a GPU count: ``nodes = ceil(gpus / gpus_per_node)``; the network defaults to the server's
+own compute NICs.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from functools import cache
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from topologies.cluster import Cluster
+from topologies.spec import ClusterSpec, Degradation, NetworkSpec, ServerSpec, TopologyError
+
+DATA_DIR = Path(__file__).parent / "data"
+SERVERS_DIR = DATA_DIR / "servers"
+NETWORKS_DIR = DATA_DIR / "networks"
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _load(path: Path, model: type[_M]) -> _M:
+    try:
+        with path.open("rb") as f:
+            raw = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise TopologyError(f"cannot read {path}: {e}") from e
+    raw.setdefault("id", path.stem)
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"])
+        raise TopologyError(f"{path}: field {loc!r}: {first['msg']}") from e
+
+
+def _ids(folder: Path) -> list[str]:
+    return sorted(p.stem for p in folder.glob("*.toml"))
+
+
+def _resolve(name: str, folder: Path, what: str) -> Path:
+    path = Path(name)
+    if path.suffix == ".toml" and path.exists():
+        return path
+    path = folder / f"{name}.toml"
+    if not path.exists():
+        raise TopologyError(f"unknown {what} {name!r}; known: {', '.join(_ids(folder))}")
+    return path
+
+
+@cache
+def load_server(name: str) -> ServerSpec:
+    """Load a server by id (``dgx-h100``) or by path to a TOML file."""
+    return _load(_resolve(name, SERVERS_DIR, "server"), ServerSpec)
+
+
+@cache
+def load_network(name: str) -> NetworkSpec:
+    """Load a network by id (``ib-ndr``) or by path to a TOML file."""
+    return _load(_resolve(name, NETWORKS_DIR, "network"), NetworkSpec)
+
+
+def list_servers() -> list[ServerSpec]:
+    """Every server in the catalog, sorted by id."""
+    return [load_server(i) for i in _ids(SERVERS_DIR)]
+
+
+def list_networks() -> list[NetworkSpec]:
+    """Every network in the catalog, sorted by id."""
+    return [load_network(i) for i in _ids(NETWORKS_DIR)]
+
+
+def load_cluster(
+    server: str,
+    *,
+    gpus: int,
+    network: str | None = None,
+    oversubscription: float = 1.0,
+    degradations: tuple[Degradation, ...] = (),
+) -> Cluster:
+    """Build a cluster of ``ceil(gpus / gpus_per_node)`` nodes of one server type.
+
+    Args:
+        server: server id or TOML path.
+        gpus: GPUs wanted; at least 1.
+        network: network id; defaults to the server's compute NICs.
+        oversubscription: fat-tree leaf down:up bandwidth ratio (1 = non-blocking).
+        degradations: slower or missing links.
+    """
+    if gpus < 1:
+        raise TopologyError(f"--gpus must be at least 1, got {gpus}")
+    spec = load_server(server)
+    nodes = math.ceil(gpus / spec.gpus_per_node)
+    if nodes > spec.max_nodes:
+        raise TopologyError(
+            f"--gpus {gpus} is more than {spec.id} clusters hold "
+            f"({spec.max_nodes} nodes x {spec.gpus_per_node} GPUs); ask for fewer GPUs"
+        )
+    net_id = network or spec.default_network
+    net = load_network(net_id) if net_id else None
+    if nodes > 1 and (net is None or spec.nics_per_node == 0):
+        raise TopologyError(
+            f"{spec.id} has no compute NICs; {gpus} GPUs need {nodes} nodes: pass --network"
+        )
+    return Cluster(
+        ClusterSpec(
+            server=spec,
+            network=net,
+            num_nodes=nodes,
+            oversubscription=oversubscription,
+            degradations=degradations,
+        )
+    )

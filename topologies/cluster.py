@@ -1,0 +1,199 @@
+"""A cluster: rank placement, the link tier a rank group spans, and its physical graph.
+
+Ranks are numbered node-major: rank r lives on node ``r // gpus_per_node``. Parallel groups
+follow Megatron order by default (tp innermost, then dp, then pp).
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import networkx as nx
+
+from topologies.spec import ClusterSpec, LinkTier, NVLSSpec, TierKind, TopologyError
+
+MEGATRON_ORDER: tuple[str, ...] = ("tp", "dp", "pp")
+
+
+@dataclass(frozen=True)
+class GroupLinks:
+    """What one rank group sees of the cluster: the input of every collective cost model.
+
+    Bandwidths are effective (line rate x efficiency x degradation), bytes/s per direction;
+    ``inter_bw_bytes_per_s`` is per node (all NICs the group's ranks on that node use).
+    """
+
+    size: int
+    num_nodes: int
+    ranks_per_node: int
+    intra_bw_bytes_per_s: float
+    intra_line_bw_bytes_per_s: float
+    intra_latency_s: float
+    inter_bw_bytes_per_s: float
+    inter_latency_s: float
+    launch_latency_s: float
+    nvls: NVLSSpec | None
+
+
+class Cluster:
+    """Nodes x GPUs of one server type, joined by a rail-optimised fat tree."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.server = spec.server
+        self.network = spec.network
+
+    @property
+    def world_size(self) -> int:
+        """Number of GPUs."""
+        return self.spec.world_size
+
+    def node_of(self, rank: int) -> int:
+        """The node holding a rank."""
+        self._check_rank(rank)
+        return rank // self.server.gpus_per_node
+
+    def local_rank_of(self, rank: int) -> int:
+        """The rank's GPU index inside its node."""
+        self._check_rank(rank)
+        return rank % self.server.gpus_per_node
+
+    def _check_rank(self, rank: int) -> None:
+        if not 0 <= rank < self.world_size:
+            raise TopologyError(
+                f"rank {rank} is outside this cluster of {self.world_size} GPUs; "
+                f"use ranks 0..{self.world_size - 1} or a larger --gpus"
+            )
+
+    def placement(
+        self, *, tp: int, dp: int, pp: int, order: Sequence[str] = MEGATRON_ORDER
+    ) -> dict[str, list[tuple[int, ...]]]:
+        """Rank groups per parallel dimension; ``order`` lists dimensions innermost first."""
+        sizes = {"tp": tp, "dp": dp, "pp": pp}
+        if sorted(order) != sorted(sizes):
+            raise TopologyError(f"order must name tp, dp and pp once each, got {list(order)}")
+        if tp * dp * pp > self.world_size or min(sizes.values()) < 1:
+            raise TopologyError(
+                f"tp*dp*pp = {tp * dp * pp} must be between 1 and the {self.world_size} GPUs"
+            )
+        cumulative = itertools.accumulate([sizes[d] for d in order[:-1]], operator.mul, initial=1)
+        strides = dict(zip(order, cumulative, strict=True))
+        groups: dict[str, list[tuple[int, ...]]] = {}
+        for dim in order:
+            others = [d for d in order if d != dim]
+            found = []
+            for idx in itertools.product(*(range(sizes[d]) for d in others)):
+                base = sum(i * strides[d] for i, d in zip(idx, others, strict=True))
+                found.append(tuple(base + k * strides[dim] for k in range(sizes[dim])))
+            groups[dim] = sorted(found)
+        return groups
+
+    def tier_of(self, ranks: Sequence[int]) -> LinkTier:
+        """The slowest link tier a rank group spans: the node fabric or the network."""
+        nodes = {self.node_of(r) for r in ranks}
+        if len(nodes) > 1 and self.network is not None:
+            return self.network.link
+        return self.server.intra
+
+    def _scale(self, tier: TierKind, node: int, local: int) -> float:
+        scale = 1.0
+        for d in self.spec.degradations:
+            if d.tier == tier and d.node in (None, node) and d.local_rank in (None, local):
+                scale *= d.bw_scale
+        return scale
+
+    def group_links(self, ranks: Sequence[int]) -> GroupLinks:
+        """Effective bandwidths and latencies of a rank group (see `GroupLinks`)."""
+        if len(set(ranks)) != len(ranks) or not ranks:
+            raise TopologyError("a rank group needs at least one rank and no repeated ranks")
+        per_node: dict[int, list[int]] = {}
+        for r in ranks:
+            per_node.setdefault(self.node_of(r), []).append(self.local_rank_of(r))
+        ppn = max(len(v) for v in per_node.values())
+        intra = self.server.intra
+        intra_scale = min(self._scale("intra", n, lr) for n, ls in per_node.items() for lr in ls)
+        if self.server.fabric == "mesh":  # a sub-group of a mesh reaches fewer peers
+            intra_scale *= min(1.0, (ppn - 1) / max(1, self.server.gpus_per_node - 1))
+        return GroupLinks(
+            size=len(ranks),
+            num_nodes=len(per_node),
+            ranks_per_node=ppn,
+            intra_bw_bytes_per_s=intra.effective_bw_bytes_per_s * intra_scale,
+            intra_line_bw_bytes_per_s=intra.bw_bytes_per_s_per_dir * intra_scale,
+            intra_latency_s=intra.latency_s,
+            inter_bw_bytes_per_s=self._inter_bw(per_node),
+            inter_latency_s=self.network.link.latency_s if self.network else 0.0,
+            launch_latency_s=self.server.launch_latency_s,
+            nvls=self.server.nvls if self.server.fabric == "nvswitch" else None,
+        )
+
+    def _inter_bw(self, per_node: dict[int, list[int]]) -> float:
+        if len(per_node) < 2 or self.network is None:
+            return 0.0
+        nic_per_gpu = self.server.nics_per_node / self.server.gpus_per_node
+        link = self.network.link
+        worst = min(
+            len(ls) * min(self._scale("inter", n, lr) for lr in ls) for n, ls in per_node.items()
+        )
+        bw = min(worst * nic_per_gpu, self.server.nics_per_node) * link.effective_bw_bytes_per_s
+        if len(per_node) > self.spec.nodes_per_leaf:
+            bw /= self.spec.oversubscription
+        return bw
+
+    def to_graph(self) -> nx.Graph:
+        """The physical topology: GPUs, node fabric, NICs, rail leaves and spines.
+
+        Nodes are tuples (``("gpu", node, i)``, ``("nvswitch", node)``, ``("nic", node, i)``,
+        ``("leaf", rail, group)``, ``("spine", rail)``) with a ``kind`` attribute; edges carry
+        ``bw_bytes_per_s_per_dir`` and ``tier``.
+        """
+        g = nx.Graph()
+        for node in range(self.spec.num_nodes):
+            self._add_node_fabric(g, node)
+            self._add_nics(g, node)
+        return g
+
+    def _add_node_fabric(self, g: nx.Graph, node: int) -> None:
+        srv = self.server
+        per_link = srv.intra.bw_bytes_per_s_per_dir / srv.links_per_gpu
+        gpus = [("gpu", node, i) for i in range(srv.gpus_per_node)]
+        for i, gpu in enumerate(gpus):
+            g.add_node(gpu, kind="gpu", gpu=srv.gpu)
+            if srv.fabric != "mesh":
+                hub = (srv.fabric, node)
+                g.add_node(hub, kind=srv.fabric)
+                bw = srv.intra.bw_bytes_per_s_per_dir * self._scale("intra", node, i)
+                g.add_edge(gpu, hub, bw_bytes_per_s_per_dir=bw, tier="intra")
+        if srv.fabric == "mesh":
+            for a, b in srv.mesh_edges or itertools.combinations(range(len(gpus)), 2):
+                scale = min(self._scale("intra", node, a), self._scale("intra", node, b))
+                bw = per_link * scale * (srv.links_per_gpu // (len(gpus) - 1) or 1)
+                g.add_edge(gpus[a], gpus[b], bw_bytes_per_s_per_dir=bw, tier="intra")
+
+    def _add_nics(self, g: nx.Graph, node: int) -> None:
+        srv, net = self.server, self.network
+        if net is None or srv.nics_per_node == 0:
+            return
+        leaf_group = node // self.spec.nodes_per_leaf
+        n_groups = -(-self.spec.num_nodes // self.spec.nodes_per_leaf)
+        for rail in range(srv.nics_per_node):
+            nic = ("nic", node, rail)
+            local = rail * srv.gpus_per_node // srv.nics_per_node
+            bw = net.link.bw_bytes_per_s_per_dir * self._scale("inter", node, local)
+            g.add_node(nic, kind="nic", network=net.id)
+            g.add_edge(("gpu", node, local), nic, bw_bytes_per_s_per_dir=bw, tier="pcie")
+            leaf = ("leaf", rail, leaf_group)
+            g.add_node(leaf, kind="leaf")
+            g.add_edge(nic, leaf, bw_bytes_per_s_per_dir=bw, tier="inter")
+            if n_groups > 1:
+                up = net.link.bw_bytes_per_s_per_dir * self.spec.nodes_per_leaf
+                g.add_node(("spine", rail), kind="spine")
+                g.add_edge(
+                    leaf,
+                    ("spine", rail),
+                    bw_bytes_per_s_per_dir=up / self.spec.oversubscription,
+                    tier="inter",
+                )

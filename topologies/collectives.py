@@ -1,0 +1,152 @@
+"""Collective cost: alpha-beta per tier, protocols, and an NCCL-style choice of algorithm.
+
+time = launch + sum over phases of [latency + bytes / bw + 2 sqrt(depth * bytes / bw)] under
+the protocol chosen (Simple: full bandwidth, pipelined; LL: half bandwidth, 1/5 the per-step
+latency, no chunk pipeline). ``auto`` takes the fastest (algorithm, protocol) pair, as NCCL's
+tuner does with its own model. A group of one rank costs 0 s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from topologies.algorithms import ALGORITHMS, OPS, Op, Phase, ring_bytes_per_rank
+from topologies.cluster import Cluster, GroupLinks
+from topologies.spec import TopologyError
+
+__all__ = [
+    "ALGORITHMS",
+    "OPS",
+    "PROTOCOLS",
+    "CollectiveEstimate",
+    "Op",
+    "Protocol",
+    "busbw_factor",
+    "collective_estimate",
+    "collective_time_s",
+    "ring_bytes_per_rank",
+]
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """An NCCL protocol: bandwidth and per-step latency relative to Simple."""
+
+    name: str
+    bw_factor: float
+    latency_factor: float
+    pipelined: bool
+
+
+PROTOCOLS: dict[str, Protocol] = {
+    "simple": Protocol("simple", 1.0, 1.0, pipelined=True),
+    # LL: 4 B data + 4 B flag per 8 B, so half the bandwidth (collectives.md section 4, and
+    # NCCL's ring LL busBw = 0.5 x busBw); per-hop latency about 1/5 of Simple in NCCL's
+    # hwLatencies (NVLink 0.6 vs 3.4 us, NET 2.7 vs 14 us).
+    "ll": Protocol("ll", 0.35, 0.2, pipelined=False),
+}
+# Algorithms that run only with the Simple protocol (NCCL: NVLS is Simple-only).
+SIMPLE_ONLY = frozenset({"nvls"})
+
+
+@dataclass(frozen=True)
+class CollectiveEstimate:
+    """The predicted time of one collective and the algorithm that achieves it."""
+
+    op: Op
+    nbytes: float
+    num_ranks: int
+    time_s: float
+    algorithm: str
+    protocol: str
+
+    @property
+    def algbw_bytes_per_s(self) -> float:
+        """nccl-tests algorithm bandwidth S / t (inf for a zero-time collective)."""
+        return self.nbytes / self.time_s if self.time_s > 0 else math.inf
+
+    @property
+    def busbw_bytes_per_s(self) -> float:
+        """nccl-tests bus bandwidth: algbw times the op's correction factor."""
+        return self.algbw_bytes_per_s * busbw_factor(self.op, self.num_ranks)
+
+
+def busbw_factor(op: Op, n: int) -> float:
+    """busbw / algbw as nccl-tests defines it (doc/PERFORMANCE.md)."""
+    if n <= 1:
+        return 1.0
+    if op == "all-reduce":
+        return 2 * (n - 1) / n
+    if op in ("all-gather", "reduce-scatter", "all-to-all"):
+        return (n - 1) / n
+    return 1.0
+
+
+def _phases_s(phases: list[Phase], proto: Protocol) -> float:
+    """Latencies add; data on the same link adds; different links overlap (one pipeline)."""
+    latency = sum(p.latency_s for p in phases) * proto.latency_factor
+    per_link: dict[str, float] = {}
+    for p in phases:
+        bw = p.bw_bytes_per_s * proto.bw_factor
+        data = p.wire_bytes / bw if bw > 0 else math.inf
+        per_link[p.link] = per_link.get(p.link, 0.0) + data
+    data_s = max(per_link.values(), default=0.0)
+    depth = sum(p.depth_s for p in phases)
+    pipe_s = 2 * math.sqrt(depth * data_s) if proto.pipelined and data_s < math.inf else 0.0
+    return latency + data_s + pipe_s
+
+
+def _best_for(name: str, op: Op, nbytes: float, g: GroupLinks) -> tuple[float, str] | None:
+    phases = ALGORITHMS[name](op, nbytes, g)
+    if phases is None:
+        return None
+    protos = [PROTOCOLS["simple"]] if name in SIMPLE_ONLY else list(PROTOCOLS.values())
+    return min((_phases_s(phases, pr), pr.name) for pr in protos)
+
+
+def _check(op: str, nbytes: float, algorithm: str) -> None:
+    if op not in OPS:
+        raise TopologyError(f"unknown op {op!r}; use one of: {', '.join(OPS)}")
+    if not nbytes > 0 or not math.isfinite(nbytes):
+        raise TopologyError(f"--bytes must be a positive number, got {nbytes}")
+    if algorithm != "auto" and algorithm not in ALGORITHMS:
+        raise TopologyError(f"unknown algorithm {algorithm!r}; use auto or {', '.join(ALGORITHMS)}")
+
+
+def collective_estimate(
+    op: Op, nbytes: float, ranks: Sequence[int], cluster: Cluster, *, algorithm: str = "auto"
+) -> CollectiveEstimate:
+    """Predict one collective over ``ranks`` of ``cluster``.
+
+    Args:
+        op: one of `OPS`.
+        nbytes: the nccl-tests size S in bytes (> 0).
+        ranks: the group's global ranks.
+        cluster: where the ranks live.
+        algorithm: ``auto`` (fastest, like NCCL's tuner) or a key of `ALGORITHMS`.
+
+    Returns:
+        The time, algorithm and protocol; bandwidths as properties.
+    """
+    _check(op, nbytes, algorithm)
+    g = cluster.group_links(ranks)
+    if g.size == 1:
+        return CollectiveEstimate(op, nbytes, 1, 0.0, "none", "none")
+    names = list(ALGORITHMS) if algorithm == "auto" else [algorithm]
+    found = [(best, name) for name in names if (best := _best_for(name, op, nbytes, g))]
+    if not found:
+        raise TopologyError(
+            f"algorithm {algorithm!r} does not apply to {op} on this group "
+            f"({g.num_nodes} nodes x {g.ranks_per_node} ranks); use --algorithm auto"
+        )
+    (time_s, proto), name = min(found)
+    return CollectiveEstimate(op, nbytes, g.size, g.launch_latency_s + time_s, name, proto)
+
+
+def collective_time_s(
+    op: Op, nbytes: float, ranks: Sequence[int], cluster: Cluster, *, algorithm: str = "auto"
+) -> float:
+    """Seconds for one collective (see `collective_estimate`)."""
+    return collective_estimate(op, nbytes, ranks, cluster, algorithm=algorithm).time_s

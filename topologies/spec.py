@@ -1,0 +1,105 @@
+"""Typed specifications of link tiers, servers, networks and clusters (SI units, per direction).
+
+Every bandwidth is bytes per second in ONE direction (vendors quote NVLink as both directions
+summed: H100 "900 GB/s" is 450 GB/s each way). ``efficiency`` is the fraction of that line rate
+a ring collective achieves (its bus bandwidth), fitted to a measured figure named in the file
+that carries it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Fabric = Literal["nvswitch", "mesh", "pcie"]
+TierKind = Literal["intra", "inter"]
+
+
+class TopologyError(ValueError):
+    """Bad topology input (unknown id, impossible size, bad file): the message names the fix."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LinkTier(_Frozen):
+    """One class of link a GPU uses: NVLink into a switch, a PCIe switch, or a NIC port."""
+
+    name: str
+    bw_bytes_per_s_per_dir: float = Field(gt=0, description="line rate, one direction")
+    latency_s: float = Field(ge=0, description="per algorithm step, Simple protocol")
+    efficiency: float = Field(gt=0, le=1, description="achieved ring busbw / line rate")
+
+    @property
+    def effective_bw_bytes_per_s(self) -> float:
+        """Bandwidth a ring achieves on this tier, per direction."""
+        return self.bw_bytes_per_s_per_dir * self.efficiency
+
+
+class NVLSSpec(_Frozen):
+    """NVLink SHARP (in-switch reduction and multicast) on NVSwitch gen3+ fabrics."""
+
+    latency_s: float = Field(ge=0, description="one switch round trip")
+    efficiency: float = Field(gt=0, le=1, description="achieved algbw / per-GPU line rate")
+
+
+class ServerSpec(_Frozen):
+    """One server (OS node): GPUs, the fabric joining them, and its NICs."""
+
+    id: str
+    name: str
+    gpu: str = Field(description="gpu id as in shared/data/hardware/gpus.json")
+    gpus_per_node: int = Field(gt=0)
+    fabric: Fabric
+    links_per_gpu: int = Field(gt=0, description="NVLink/xGMI links (1 for PCIe)")
+    mesh_edges: tuple[tuple[int, int], ...] | None = Field(
+        default=None, description="GPU pairs joined on a mesh fabric; None = every pair"
+    )
+    launch_latency_s: float = Field(ge=0, description="fixed cost of one collective call")
+    intra: LinkTier = Field(description="per-GPU bandwidth a ring can use inside the node")
+    nvls: NVLSSpec | None = None
+    nics_per_node: int = Field(ge=0)
+    default_network: str | None = Field(description="network id of the compute NICs")
+    max_nodes: int = Field(gt=0, description="largest vetted scale-out fabric for this server")
+    sources: tuple[str, ...] = ()
+
+
+class NetworkSpec(_Frozen):
+    """A scale-out network: one NIC port's rate and the achievable fraction of it."""
+
+    id: str
+    name: str
+    kind: Literal["infiniband", "roce"]
+    link: LinkTier
+    sources: tuple[str, ...] = ()
+
+
+class Degradation(_Frozen):
+    """A slower or missing link: scale one GPU's (or every GPU's) bandwidth on one tier.
+
+    ``bw_scale`` 0.5 is a NIC at half rate; a missing NVLink of 18 is ``(18 - 1) / 18``.
+    ``local_rank`` None applies to every GPU of the node (or node None: of the cluster).
+    """
+
+    tier: TierKind
+    node: int | None = Field(default=None, ge=0)
+    local_rank: int | None = Field(default=None, ge=0)
+    bw_scale: float = Field(gt=0, le=1)
+
+
+class ClusterSpec(_Frozen):
+    """Nodes of one server type joined by a rail-optimised fat tree."""
+
+    server: ServerSpec
+    network: NetworkSpec | None
+    num_nodes: int = Field(gt=0)
+    nodes_per_leaf: int = Field(default=32, gt=0, description="nodes under one leaf group (SU)")
+    oversubscription: float = Field(default=1.0, ge=1, description="leaf down:up bandwidth")
+    degradations: tuple[Degradation, ...] = ()
+
+    @property
+    def world_size(self) -> int:
+        """Number of GPUs in the cluster."""
+        return self.num_nodes * self.server.gpus_per_node
