@@ -1,0 +1,200 @@
+"""Kernel measurements in the NeuSight schema: columns, units, loading and validation.
+
+A measurements table has one row per kernel call. Required columns: ``OPName``,
+``Latency`` (milliseconds, as in the NeuSight data), ``Device`` and the shape columns
+``B,M,N,K`` (bmm, linear) or ``B,H`` (vector ops). Optional: ``Kernel Name``,
+``Grid x/y/z``, ``Block x/y/z`` (launch), ``dtype`` (default fp32).
+
+`load_measurements` returns a `Measurements` frame in SI units (``latency_s``) with the
+family/op resolved; rows it cannot use are reported in ``skipped``, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from forecast.kernels import GEMM_FAMILIES, NEUSIGHT_OPS, Dtype, KernelSpec, OpFamily
+
+REQUIRED = ("OPName", "Latency", "Device")
+GEMM_DIMS = ("B", "M", "N", "K")
+ROW_DIMS = ("B", "H")
+LAUNCH = ("Grid x", "Grid y", "Grid z", "Block x", "Block y", "Block z")
+
+_TILE_RE = re.compile(r"(\d+)x(\d+)")
+
+
+class DataError(ValueError):
+    """A measurement file that cannot be read; the message names the file and the fix."""
+
+
+@dataclass
+class Skipped:
+    """A row that was not scored, and why."""
+
+    row: int
+    reason: str
+
+
+@dataclass
+class Measurements:
+    """Rows of one or more measurement files, resolved to families (SI units)."""
+
+    frame: pd.DataFrame
+    skipped: list[Skipped] = field(default_factory=list)
+
+    def family(self, family: OpFamily) -> pd.DataFrame:
+        """Rows of one family."""
+        return self.frame[self.frame["family"] == family.value]
+
+    def kernels(self, frame: pd.DataFrame | None = None) -> list[KernelSpec]:
+        """KernelSpecs of the rows of ``frame`` (default: all rows)."""
+        f = self.frame if frame is None else frame
+        return [kernel_of_row(r) for r in f.itertuples(index=False)]
+
+
+def kernel_of_row(r: object) -> KernelSpec:
+    """The KernelSpec of one resolved row (a namedtuple from ``frame.itertuples``)."""
+    fam = OpFamily(getattr(r, "family"))  # noqa: B009 (namedtuple field)
+    if fam in GEMM_FAMILIES:
+        dims: tuple[int, ...] = tuple(int(getattr(r, c)) for c in GEMM_DIMS)
+    else:
+        dims = (int(getattr(r, "B")), int(getattr(r, "H")))  # noqa: B009
+    return KernelSpec(fam, dims, Dtype(getattr(r, "dtype")), getattr(r, "op"))  # noqa: B009
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """Read one .csv or .csv.gz file; a `DataError` if it cannot be read."""
+    if not path.is_file():
+        raise DataError(f"cannot read {path}: no such file (give a .csv or .csv.gz path)")
+    try:
+        return pd.read_csv(path, low_memory=False)
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"cannot read {path} as CSV: {e}") from e
+
+
+def _check_columns(df: pd.DataFrame, path: Path) -> None:
+    missing = [c for c in REQUIRED if c not in df.columns]
+    if missing:
+        raise DataError(
+            f"{path}: missing column(s) {', '.join(missing)}; the NeuSight schema needs "
+            f"{', '.join(REQUIRED)} and the shape columns B,M,N,K or B,H"
+        )
+
+
+def _resolve(df: pd.DataFrame, offset: int) -> tuple[pd.DataFrame, list[Skipped]]:
+    """Map OPName to family/op, check shapes, convert ms -> s; collect the rows it cannot use."""
+    out = df.copy()
+    out["row"] = np.arange(offset, offset + len(df))
+    fam_op = out["OPName"].map(lambda n: NEUSIGHT_OPS.get(str(n)))
+    skipped = [
+        Skipped(int(i), f"unknown op {n!r}; accepted: {', '.join(sorted(NEUSIGHT_OPS))}")
+        for i, n in zip(out["row"][fam_op.isna()], out["OPName"][fam_op.isna()], strict=True)
+    ]
+    out = out[fam_op.notna()].copy()
+    fam_op = fam_op[fam_op.notna()]
+    out["family"] = [f.value for f, _ in fam_op]
+    out["op"] = [o for _, o in fam_op]
+    if "dtype" not in out.columns:
+        out["dtype"] = Dtype.FP32.value
+    is_gemm = out["family"].isin([f.value for f in GEMM_FAMILIES])
+    needed = {True: GEMM_DIMS, False: ROW_DIMS}
+    bad = np.zeros(len(out), dtype=bool)
+    reasons: list[str] = [""] * len(out)
+    for gemm, cols in needed.items():
+        sel = (is_gemm == gemm).to_numpy()
+        for c in cols:
+            if c not in out.columns:
+                vals = np.full(len(out), np.nan)
+            else:
+                vals = pd.to_numeric(out[c], errors="coerce").to_numpy(dtype=float)
+            broken = sel & ~(np.isfinite(vals) & (vals > 0))
+            for i in np.flatnonzero(broken & ~bad):
+                reasons[i] = f"column {c} must be a positive number"
+            bad |= broken
+    lat = pd.to_numeric(out["Latency"], errors="coerce").to_numpy(dtype=float)
+    broken = ~(np.isfinite(lat) & (lat > 0))
+    for i in np.flatnonzero(broken & ~bad):
+        reasons[i] = "column Latency must be a positive number of milliseconds"
+    bad |= broken
+    skipped += [Skipped(int(out["row"].iloc[i]), reasons[i]) for i in np.flatnonzero(bad)]
+    out = out[~bad].copy()
+    out["latency_s"] = pd.to_numeric(out["Latency"]) * 1e-3
+    return out, skipped
+
+
+def load_measurements(paths: list[Path] | list[str]) -> Measurements:
+    """Load and concatenate measurement files (any mix of ops and devices)."""
+    frames: list[pd.DataFrame] = []
+    skipped: list[Skipped] = []
+    offset = 0
+    for p in map(Path, paths):
+        df = read_table(p)
+        _check_columns(df, p)
+        resolved, sk = _resolve(df, offset)
+        resolved["source"] = str(p)
+        frames.append(resolved)
+        skipped += sk
+        offset += len(df)
+    if not frames:
+        raise DataError("no measurement files given")
+    frame = pd.concat(frames, ignore_index=True)
+    for c in (*GEMM_DIMS, "H"):
+        if c in frame.columns:
+            frame[c] = pd.to_numeric(frame[c], errors="coerce").fillna(1).astype(np.int64)
+    return Measurements(frame=frame, skipped=skipped)
+
+
+def tile_of_kernel_name(name: str) -> tuple[int, int] | None:
+    """(tile_rows, tile_cols) encoded in a GEMM kernel name ("ampere_sgemm_128x64_tn")."""
+    m = _TILE_RE.search(name.split("tilesize")[-1])
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+# The NeuSight split: kernels of these GPUs train the models; every other GPU is unseen.
+TRAIN_DEVICES = (
+    "Tesla P4",
+    "Tesla P100-PCIE-16GB",
+    "Tesla T4",
+    "Tesla V100-PCIE-32GB",
+    "NVIDIA A100-PCIE-40GB",
+)
+_ELEMENTWISE_DIRS = ("add", "addu", "mul", "mulu", "div", "divu", "pow", "powu")
+_ELEMENTWISE_DIRS += ("relu", "gelu", "tanh")
+_FAMILY_FILES: dict[OpFamily, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    # family: (training globs, test globs) under kernels/nvidia/
+    OpFamily.BMM: (("train_merged/bmm.csv.gz",), ("test/bmm.csv.gz",)),
+    OpFamily.LINEAR: (("train_merged/linear.csv.gz",), ("test/linear.csv.gz",)),
+    OpFamily.ELEMENTWISE: (
+        tuple(f"train/{op}/*.csv.gz" for op in _ELEMENTWISE_DIRS),
+        ("test/elem.csv.gz",),
+    ),
+    OpFamily.SOFTMAX: (("train/softmax/*.csv.gz",), ("test/softmax.csv.gz",)),
+    OpFamily.LAYERNORM: (("train/ln/*.csv.gz",), ("test/ln.csv.gz",)),
+}
+
+
+def default_data_dir() -> Path:
+    """``shared/data/neusight`` beside the project checkout (CI and developers have it)."""
+    return Path(__file__).resolve().parents[2] / "shared" / "data" / "neusight"
+
+
+def neusight_files(data_dir: Path, family: OpFamily) -> list[Path]:
+    """Measurement files of one family (training and test sets) in a NeuSight data folder."""
+    root = data_dir / "kernels" / "nvidia"
+    if not root.is_dir():
+        raise DataError(
+            f"{data_dir} has no kernels/nvidia folder; pass --data pointing at the NeuSight "
+            "data folder (shared/data/neusight)"
+        )
+    train, test = _FAMILY_FILES[family]
+    return sorted(p for pattern in (*train, *test) for p in root.glob(pattern))
+
+
+def trained_families() -> tuple[OpFamily, ...]:
+    """Families that have NeuSight measurements (the memory family is a bandwidth model)."""
+    return tuple(_FAMILY_FILES)

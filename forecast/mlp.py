@@ -1,0 +1,43 @@
+"""The per-family MLP: dimensionless tile features -> log(latency / base time).
+
+Inputs are standardised with statistics stored in the module's buffers, so a saved
+state dict is the whole model. The output is a log ratio; `TileMLP.ratio` exponentiates.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class TileMLP(nn.Module):
+    """A small MLP with input standardisation; predicts log(latency / base time)."""
+
+    def __init__(self, n_features: int, *, hidden: int = 64, layers: int = 3) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(n_features))
+        self.register_buffer("std", torch.ones(n_features))
+        self.register_buffer("lo", torch.full((n_features,), -torch.inf))
+        self.register_buffer("hi", torch.full((n_features,), torch.inf))
+        dims = [n_features, *([hidden] * layers)]
+        blocks: list[nn.Module] = []
+        for a, b in zip(dims[:-1], dims[1:], strict=True):
+            blocks += [nn.Linear(a, b), nn.SiLU()]
+        blocks.append(nn.Linear(dims[-1], 1))
+        self.net = nn.Sequential(*blocks)
+
+    def set_scaling(self, x: torch.Tensor) -> None:
+        """Take input standardisation and the training range from training features.
+
+        Inputs are clamped to the training range at prediction time: a GPU or shape beyond
+        what was trained on is treated as the nearest trained case, not extrapolated.
+        """
+        self.mean.copy_(x.mean(dim=0))
+        self.std.copy_(x.std(dim=0).clamp_min(1e-3))
+        self.lo.copy_(x.min(dim=0).values)
+        self.hi.copy_(x.max(dim=0).values)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Log ratio of latency to base time, shape (n,)."""
+        z = (torch.minimum(torch.maximum(x, self.lo), self.hi) - self.mean) / self.std
+        return self.net(z).squeeze(-1)

@@ -1,0 +1,146 @@
+"""TileMLPModel: per-family MLPs over tile/wave features, one batched pass per family.
+
+Weights live in ``forecast/data/weights/``: ``<family>.pt`` (the MLP state dict),
+``tiles_<family>.npz`` (the tile choices the picker learned from kernel names) and
+``model.json`` (feature lists, training GPUs, data hash, held-out errors, and the fitted
+efficiency of the memory-bound bandwidth model).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from forecast.features import build_features, feature_names
+from forecast.gpus import GPUSpec
+from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, OpFamily
+from forecast.mlp import TileMLP
+from forecast.tilepick import TilePicker, TileTable
+
+WEIGHTS_DIR = Path(__file__).parent / "data" / "weights"
+log = logging.getLogger(__name__)
+
+
+class ModelError(ValueError):
+    """Weights that are missing or cannot serve a request; the message names the fix."""
+
+
+@dataclass
+class MemoryModel:
+    """Memory-bound ops: launch time plus bytes over an achieved fraction of peak bandwidth."""
+
+    efficiency: float = 0.8
+    launch_s: float = 5e-6
+
+    def predict_s(self, kernels: list[KernelSpec], gpu: GPUSpec) -> npt.NDArray[np.float64]:
+        """Seconds per kernel."""
+        nbytes = np.array([k.bytes() for k in kernels], dtype=np.float64)
+        return self.launch_s + nbytes / (self.efficiency * gpu.hbm_bw_bytes_per_s)
+
+
+@dataclass
+class TileMLPModel:
+    """The tile-level MLP latency model (NeuSight's method, with the fixes of this project)."""
+
+    mlps: dict[OpFamily, TileMLP]
+    picker: TilePicker
+    memory: MemoryModel = field(default_factory=MemoryModel)
+    meta: dict[str, Any] = field(default_factory=dict)
+    name: str = "tile-mlp"
+    _warned: set[OpFamily] = field(default_factory=set)
+
+    def predict_s(self, kernels: list[KernelSpec], gpu: GPUSpec) -> npt.NDArray[np.float64]:
+        """Seconds per kernel, in input order; one no-grad forward pass per family and dtype."""
+        out = np.empty(len(kernels), dtype=np.float64)
+        groups: dict[tuple[OpFamily, Dtype], list[int]] = defaultdict(list)
+        for i, k in enumerate(kernels):
+            groups[(k.family, k.dtype)].append(i)
+        for (family, dtype), idx in groups.items():
+            batch = [kernels[i] for i in idx]
+            if family is OpFamily.MEMORY:
+                out[idx] = self.memory.predict_s(batch, gpu)
+                continue
+            if dtype is not Dtype.FP32:
+                raise ModelError(
+                    f"tile-mlp is trained on fp32 kernels only, not {dtype.value}; "
+                    "use --model roofline for other dtypes"
+                )
+            out[idx] = self._predict_family(family, batch, gpu)
+        return out
+
+    def _predict_family(
+        self, family: OpFamily, kernels: list[KernelSpec], gpu: GPUSpec
+    ) -> npt.NDArray[np.float64]:
+        if family not in self.mlps:
+            raise ModelError(f"no weights for family {family.value}; run `tilesim kernels train`")
+        choice = None
+        if family in GEMM_FAMILIES:
+            dims = np.array([k.dims for k in kernels], dtype=np.int64)
+            choice = self.picker.pick(family.value, gpu, dims)
+        fb = build_features(gpu, kernels, choice)
+        net = self.mlps[family]
+        x = torch.from_numpy(fb.x)
+        if family not in self._warned and bool(((x < net.lo) | (x > net.hi)).any()):
+            self._warned.add(family)
+            log.info("%s: some kernels lie outside the training range; clamped", family.value)
+        with torch.no_grad():
+            log_ratio = net(x).double().numpy()
+        return fb.base_s * np.exp(log_ratio)
+
+    def save(self, out_dir: Path) -> None:
+        """Write weights, tile tables and model.json to ``out_dir``."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for family, net in self.mlps.items():
+            torch.save(net.state_dict(), out_dir / f"{family.value}.pt")
+        for family, tables in self.picker.tables.items():
+            np.savez_compressed(
+                out_dir / f"tiles_{family}.npz",
+                **{f"{t.gpu_id}|{t.compute_capability}|{t.num_sms}|dims": t.log_dims for t in tables},
+                **{f"{t.gpu_id}|{t.compute_capability}|{t.num_sms}|choice": t.choice for t in tables},
+            )
+        meta = {
+            **self.meta,
+            "families": {f.value: list(feature_names(f)) for f in self.mlps},
+            "memory": {"efficiency": self.memory.efficiency, "launch_s": self.memory.launch_s},
+        }
+        (out_dir / "model.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, weights_dir: Path | None = None) -> TileMLPModel:
+        """Load a trained model (default: the weights committed with the project)."""
+        d = weights_dir or WEIGHTS_DIR
+        meta_path = d / "model.json"
+        if not meta_path.is_file():
+            raise ModelError(f"no trained weights in {d}; run `tilesim kernels train`")
+        meta = json.loads(meta_path.read_text())
+        mlps: dict[OpFamily, TileMLP] = {}
+        for fam_name, names in meta["families"].items():
+            family = OpFamily(fam_name)
+            net = TileMLP(len(names))
+            net.load_state_dict(torch.load(d / f"{fam_name}.pt", weights_only=True))
+            net.eval()
+            mlps[family] = net
+        tables: dict[str, list[TileTable]] = {}
+        for path in sorted(d.glob("tiles_*.npz")):
+            family = path.stem.removeprefix("tiles_")
+            with np.load(path) as z:
+                keys = sorted({k.rsplit("|", 1)[0] for k in z.files})
+                tables[family] = [_table(k, z[f"{k}|dims"], z[f"{k}|choice"]) for k in keys]
+        mem = meta.get("memory", {})
+        memory = MemoryModel(efficiency=mem.get("efficiency", 0.8), launch_s=mem.get("launch_s", 5e-6))
+        return cls(mlps=mlps, picker=TilePicker(tables), memory=memory, meta=meta)
+
+
+def _table(key: str, dims: npt.NDArray[np.float32], choice: npt.NDArray[np.int64]) -> TileTable:
+    gpu_id, cc, sms = key.split("|")
+    return TileTable(
+        gpu_id=gpu_id, compute_capability=float(cc), num_sms=int(sms), log_dims=dims, choice=choice
+    )

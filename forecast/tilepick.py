@@ -1,0 +1,106 @@
+"""Which tile the GEMM library picks on a GPU, learned from measured kernel names.
+
+cuBLAS names its SGEMM kernels after the output tile (``ampere_sgemm_128x64_tn``: 128
+output columns by 64 output rows per thread block) and launches split-K as the grid's
+``z`` dimension beyond the batch. `TilePicker` keeps, per training GPU and family, the
+shapes it saw with the tile and split the library chose. For a GPU it has not seen it
+borrows the choices of the training GPU of the closest architecture (compute capability
+first, then SM count), and looks up the nearest measured shape in log2 space of
+``(B, M, N, K)``, where a step means "twice as large" on every axis: NeuSight's raw
+distance made every lookup land on
+the largest shapes of one GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+import torch
+
+from forecast.dataset import GEMM_DIMS, tile_of_kernel_name
+from forecast.gpus import GPUSpec
+
+# Used when no training GPU is known for a family: a large SGEMM tile, no split.
+DEFAULT_TILE = (128, 128, 1)
+_CHUNK = 2048
+
+
+@dataclass(frozen=True)
+class TileTable:
+    """Shapes one GPU ran, with the library's choice: tile cols, tile rows, split-K."""
+
+    gpu_id: str
+    compute_capability: float
+    num_sms: int
+    log_dims: npt.NDArray[np.float32]  # (n, 4) log2(B, M, N, K)
+    choice: npt.NDArray[np.int64]  # (n, 3) tile_cols, tile_rows, split_k
+
+
+def _cc_number(cc: str) -> float:
+    try:
+        return float(cc)
+    except ValueError:
+        return -1.0
+
+
+def build_tile_table(gpu: GPUSpec, rows: pd.DataFrame) -> TileTable | None:
+    """Tile table of one GPU from measured rows with ``Kernel Name`` and ``Grid z``."""
+    if "Kernel Name" not in rows.columns or rows.empty:
+        return None
+    tiles = rows["Kernel Name"].astype(str).map(tile_of_kernel_name)
+    ok = tiles.notna().to_numpy()
+    if not ok.any():
+        return None
+    r = rows[ok]
+    t = np.array([list(x) for x in tiles[ok]], dtype=np.int64)
+    split = np.ones(len(r), dtype=np.int64)
+    if "Grid z" in r.columns:
+        gz = pd.to_numeric(r["Grid z"], errors="coerce").fillna(1).to_numpy()
+        split = np.maximum(1, np.round(gz / r["B"].to_numpy())).astype(np.int64)
+    dims = np.log2(r[list(GEMM_DIMS)].to_numpy(dtype=np.float64)).astype(np.float32)
+    return TileTable(
+        gpu_id=gpu.id,
+        compute_capability=_cc_number(gpu.compute_capability),
+        num_sms=gpu.num_sms,
+        log_dims=dims,
+        choice=np.column_stack([t, split]),
+    )
+
+
+class TilePicker:
+    """Nearest-shape lookup of the library's tile choice, per family and source GPU."""
+
+    def __init__(self, tables: dict[str, list[TileTable]]) -> None:
+        self.tables = tables  # family -> tables of the training GPUs
+
+    def source_for(self, family: str, gpu: GPUSpec) -> TileTable | None:
+        """The training GPU whose choices stand in for ``gpu``: same id, else closest arch."""
+        cands = self.tables.get(family, [])
+        if not cands:
+            return None
+        cc = _cc_number(gpu.compute_capability)
+
+        def distance(t: TileTable) -> tuple[bool, float, float]:
+            return (t.gpu_id != gpu.id, abs(t.compute_capability - cc), abs(
+                np.log2(t.num_sms / gpu.num_sms)
+            ))
+
+        return min(cands, key=distance)
+
+    def pick(
+        self, family: str, gpu: GPUSpec, dims: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.int64]:
+        """(n, 3) array of tile cols, tile rows and split-K for (n, 4) dims ``B,M,N,K``."""
+        table = self.source_for(family, gpu)
+        if table is None:
+            return np.tile(np.array(DEFAULT_TILE, dtype=np.int64), (len(dims), 1))
+        ref = torch.from_numpy(table.log_dims)
+        q = torch.from_numpy(np.log2(np.maximum(dims, 1)).astype(np.float32))
+        idx = np.empty(len(dims), dtype=np.int64)
+        for s in range(0, len(dims), _CHUNK):
+            d = torch.cdist(q[s : s + _CHUNK], ref)
+            idx[s : s + _CHUNK] = torch.argmin(d, dim=1).numpy()
+        return table.choice[idx]

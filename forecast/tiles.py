@@ -1,0 +1,142 @@
+"""Tile and wave math: how a kernel's work is cut into thread blocks and run over the SMs.
+
+All functions are vectorised over ``n`` kernels of one family on one GPU and return a
+`Work` of arrays. Conventions (see `forecast.kernels` for shapes):
+
+* GEMM (bmm, linear): output ``(B, M, K)`` cut into tiles of ``tile_rows x tile_cols``,
+  the reduction ``N`` split ``split_k`` ways; each tile is one thread block.
+* element-wise: PyTorch's vectorised kernel, 128 threads x 4 elements per block.
+* softmax: rows of ``H <= 1024`` run several rows per 128-thread block (one warp a row,
+  two rows a warp when ``H <= 128``); longer rows run one block a row, of
+  ``next_pow2(H / 8)`` threads (32 to 1024).
+* layer norm: one 128-thread block a row.
+* memory: copies at 512 elements a block, like element-wise.
+
+Blocks resident per SM (occupancy) come from the thread limit of the SM's architecture
+and, for GEMM tiles, the register file (accumulators and operand fragments: about
+6 bytes per output element of the tile).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from forecast.gpus import GPUSpec
+from forecast.kernels import ELEMENTWISE_OPS, MEMORY_OPS, OpFamily
+
+F64 = npt.NDArray[np.float64]
+
+# Resident threads per SM by compute-capability major.minor (CUDA programming guide).
+_MAX_THREADS_PER_SM = {"7.5": 1024, "8.6": 1536, "8.7": 1536, "8.9": 1536, "12.0": 1536}
+_DEFAULT_THREADS_PER_SM = 2048
+_MAX_BLOCKS_PER_SM = 16
+_REG_BYTES_PER_TILE_ELEM = 6.0
+_DEFAULT_REG_BYTES_PER_SM = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Work:
+    """Per-kernel decomposition into blocks and waves, and per-block work."""
+
+    blocks: F64  # thread blocks launched
+    threads_per_block: F64
+    resident_per_sm: F64  # blocks an SM can hold at once
+    waves: F64  # ceil(blocks / (num_sms * resident_per_sm))
+    blocks_per_sm: F64  # ceil(blocks / num_sms): blocks the busiest SM runs
+    flops_per_block: F64
+    bytes_per_block: F64  # operand traffic of one block (from L2 or DRAM)
+    inner_len: F64  # elements one block walks along its reduction/row
+
+
+def max_threads_per_sm(gpu: GPUSpec) -> int:
+    """Resident-thread limit of an SM of this GPU."""
+    return _MAX_THREADS_PER_SM.get(gpu.compute_capability, _DEFAULT_THREADS_PER_SM)
+
+
+def _finish(gpu: GPUSpec, blocks: F64, threads: F64, resident: F64) -> tuple[F64, F64, F64]:
+    limit = np.floor(max_threads_per_sm(gpu) / threads)
+    resident = np.clip(np.minimum(resident, limit), 1, _MAX_BLOCKS_PER_SM)
+    waves = np.ceil(blocks / (gpu.num_sms * resident))
+    per_sm = np.ceil(blocks / gpu.num_sms)
+    return resident, waves, per_sm
+
+
+def gemm_work(gpu: GPUSpec, dims: npt.NDArray[np.int64], choice: npt.NDArray[np.int64]) -> Work:
+    """GEMM decomposition for (n, 4) dims ``B,M,N,K`` and (n, 3) tile cols, rows, split."""
+    B, M, N, K = (dims[:, i].astype(np.float64) for i in range(4))
+    tc, tr, split = (choice[:, i].astype(np.float64) for i in range(3))
+    k_len = np.ceil(N / split)
+    blocks = B * np.ceil(M / tr) * np.ceil(K / tc) * split
+    threads = np.clip(tc * tr / 64.0, 64, 256)
+    regs = gpu.regs_bytes_per_sm or _DEFAULT_REG_BYTES_PER_SM
+    resident = np.floor(regs / (_REG_BYTES_PER_TILE_ELEM * tc * tr))
+    resident, waves, per_sm = _finish(gpu, blocks, threads, resident)
+    return Work(
+        blocks=blocks,
+        threads_per_block=threads,
+        resident_per_sm=resident,
+        waves=waves,
+        blocks_per_sm=per_sm,
+        flops_per_block=2.0 * tc * tr * k_len,
+        bytes_per_block=4.0 * (tc + tr) * k_len,
+        inner_len=k_len,
+    )
+
+
+def _softmax_layout(H: F64) -> tuple[F64, F64]:
+    """(rows per block, threads per block) of PyTorch's softmax kernels."""
+    p2 = 2.0 ** np.ceil(np.log2(np.maximum(H, 1)))
+    warp_size = np.minimum(p2, 32)
+    rows_per_warp = np.where(p2 <= 128, 2.0, 1.0)
+    rows_short = (128 / warp_size) * rows_per_warp
+    long_threads = np.clip(2.0 ** np.ceil(np.log2(np.maximum(H / 8, 1))), 32, 1024)
+    short = H <= 1024
+    return np.where(short, rows_short, 1.0), np.where(short, 128.0, long_threads)
+
+
+def row_work(gpu: GPUSpec, family: OpFamily, ops: list[str], dims: npt.NDArray[np.int64]) -> Work:
+    """Decomposition of the row families for (n, 2) dims ``B,H``."""
+    B, H = dims[:, 0].astype(np.float64), dims[:, 1].astype(np.float64)
+    n = B * H
+    if family is OpFamily.SOFTMAX:
+        rows, threads = _softmax_layout(H)
+        blocks = np.ceil(B / rows)
+        elems = rows * H
+        inner = H
+    elif family is OpFamily.LAYERNORM:
+        threads = np.full_like(B, 128.0)
+        blocks = B.copy()
+        elems = H
+        inner = H
+    else:
+        threads = np.full_like(B, 128.0)
+        blocks = np.ceil(n / 512.0)
+        elems = np.minimum(n, 512.0)
+        inner = np.full_like(B, 4.0)
+    passes = _passes(family, ops)
+    resident, waves, per_sm = _finish(gpu, blocks, threads, np.full_like(B, _MAX_BLOCKS_PER_SM))
+    return Work(
+        blocks=blocks,
+        threads_per_block=threads,
+        resident_per_sm=resident,
+        waves=waves,
+        blocks_per_sm=per_sm,
+        flops_per_block=elems * passes[:, 0],
+        bytes_per_block=elems * passes[:, 1] * 4.0,
+        inner_len=inner,
+    )
+
+
+def _passes(family: OpFamily, ops: list[str]) -> F64:
+    """(n, 2) FLOPs and element transfers per element for the row families."""
+    if family is OpFamily.ELEMENTWISE:
+        rows = [(ELEMENTWISE_OPS[o][1], ELEMENTWISE_OPS[o][0] + 1) for o in ops]
+    elif family is OpFamily.MEMORY:
+        rows = [(0.0, sum(MEMORY_OPS[o])) for o in ops]
+    else:
+        per = {OpFamily.SOFTMAX: (5.0, 2.0), OpFamily.LAYERNORM: (8.0, 2.0)}[family]
+        rows = [per] * len(ops)
+    return np.asarray(rows, dtype=np.float64).reshape(len(ops), 2)

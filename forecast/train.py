@@ -1,0 +1,178 @@
+"""Fit the tile-MLP model on NeuSight measurements: one MLP per family, deterministically.
+
+Training rows are those of the training GPUs only (`dataset.TRAIN_DEVICES`), both their
+random shapes (``train/``) and their transformer-layer shapes (``test/``); each GPU
+weighs the same, and within a GPU each of the two sets weighs half. GPUs outside the
+training set are never seen, so their rows measure how the model carries to a new GPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from forecast.dataset import (
+    GEMM_DIMS,
+    TRAIN_DEVICES,
+    Measurements,
+    load_measurements,
+    neusight_files,
+    trained_families,
+)
+from forecast.features import FeatureBatch, build_features
+from forecast.gpus import load_gpu
+from forecast.kernels import GEMM_FAMILIES, OpFamily
+from forecast.mlp import TileMLP
+from forecast.tile_mlp import MemoryModel, TileMLPModel
+from forecast.tilepick import TilePicker, TileTable, build_tile_table
+
+SEED = 0
+EPOCHS = {OpFamily.BMM: 20, OpFamily.LINEAR: 40}
+DEFAULT_EPOCHS = 80
+BATCH = 1024
+LR = 3e-3
+
+
+def data_hash(paths: Sequence[Path]) -> str:
+    """SHA-256 over the bytes of the given files, in sorted order."""
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def build_picker(meas: dict[OpFamily, Measurements], devices: Sequence[str]) -> TilePicker:
+    """Tile tables of the GEMM families from the given devices' kernel names."""
+    tables: dict[str, list[TileTable]] = {}
+    for family in GEMM_FAMILIES:
+        if family not in meas:
+            continue
+        f = meas[family].frame
+        built = [build_tile_table(load_gpu(d), f[f["Device"] == d]) for d in devices]
+        tables[family.value] = [t for t in built if t is not None]
+    return TilePicker(tables)
+
+
+def device_batches(
+    meas: Measurements, family: OpFamily, picker: TilePicker, devices: Sequence[str]
+) -> dict[str, tuple[FeatureBatch, pd.DataFrame]]:
+    """Features and rows of one family per device."""
+    out: dict[str, tuple[FeatureBatch, pd.DataFrame]] = {}
+    f = meas.family(family)
+    for d in devices:
+        rows = f[f["Device"] == d]
+        if rows.empty:
+            continue
+        gpu = load_gpu(d)
+        choice = None
+        if family in GEMM_FAMILIES:
+            choice = picker.pick(family.value, gpu, rows[list(GEMM_DIMS)].to_numpy(np.int64))
+        out[d] = (build_features(gpu, meas.kernels(rows), choice), rows)
+    return out
+
+
+def _row_weights(rows: pd.DataFrame) -> npt.NDArray[np.float64]:
+    is_test = rows["source"].str.contains("/test/").to_numpy()
+    w = np.where(is_test, 0.5 / max(is_test.sum(), 1), 0.5 / max((~is_test).sum(), 1))
+    if is_test.all() or (~is_test).all():
+        w = np.full(len(rows), 1.0 / len(rows))
+    return w
+
+
+def fit_mlp(
+    x: npt.NDArray[np.float32],
+    y: npt.NDArray[np.float64],
+    w: npt.NDArray[np.float64],
+    *,
+    epochs: int,
+    seed: int = SEED,
+) -> TileMLP:
+    """Fit log(latency / base) with a mean-absolute-percentage loss; deterministic."""
+    torch.manual_seed(seed)
+    X = torch.from_numpy(x)
+    Y = torch.from_numpy(y.astype(np.float32))
+    W = torch.from_numpy((w / w.sum() * len(w)).astype(np.float32))
+    net = TileMLP(X.shape[1])
+    net.set_scaling(X)
+    opt = torch.optim.Adam(net.parameters(), lr=LR)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, epochs)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        perm = torch.randperm(len(X), generator=gen)
+        for s in range(0, len(X), BATCH):
+            i = perm[s : s + BATCH]
+            ape = (torch.exp(net(X[i]) - Y[i]) - 1).abs()
+            loss = (W[i] * ape).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        sched.step()
+    net.eval()
+    return net
+
+
+def fit_family(
+    meas: Measurements, family: OpFamily, picker: TilePicker, devices: Sequence[str]
+) -> TileMLP:
+    """One family's MLP on the given training devices."""
+    batches = device_batches(meas, family, picker, devices)
+    xs, ys, ws = [], [], []
+    for fb, rows in batches.values():
+        xs.append(fb.x)
+        ys.append(np.log(rows["latency_s"].to_numpy() / fb.base_s))
+        ws.append(_row_weights(rows))
+    epochs = EPOCHS.get(family, DEFAULT_EPOCHS)
+    return fit_mlp(np.concatenate(xs), np.concatenate(ys), np.concatenate(ws), epochs=epochs)
+
+
+def fit_memory_model(meas: Measurements, devices: Sequence[str]) -> MemoryModel:
+    """Bandwidth efficiency and launch time of memory-bound ops, from element-wise kernels.
+
+    Efficiency: median achieved fraction of peak bandwidth over kernels moving > 64 MB;
+    launch: median latency of kernels moving < 64 KB. Training devices only.
+    """
+    f = meas.family(OpFamily.ELEMENTWISE)
+    f = f[f["Device"].isin(devices)]
+    nbytes = np.array([k.bytes() for k in meas.kernels(f)])
+    bw = np.array([load_gpu(d).hbm_bw_bytes_per_s for d in f["Device"]])
+    lat = f["latency_s"].to_numpy()
+    big, small = nbytes > 64e6, nbytes < 64e3
+    eff = float(np.median(nbytes[big] / (lat[big] * bw[big]))) if big.any() else 0.8
+    launch = float(np.median(lat[small])) if small.any() else 5e-6
+    return MemoryModel(efficiency=round(eff, 4), launch_s=float(f"{launch:.3g}"))
+
+
+def load_family_data(data_dir: Path, families: Sequence[OpFamily]) -> dict[OpFamily, Measurements]:
+    """Measurements of each family (training and test files) from a NeuSight data folder."""
+    return {f: load_measurements(neusight_files(data_dir, f)) for f in families}
+
+
+def train_model(
+    data_dir: Path,
+    *,
+    devices: Sequence[str] = TRAIN_DEVICES,
+    families: Sequence[OpFamily] | None = None,
+    progress: bool = True,
+) -> TileMLPModel:
+    """Train every family on ``devices``; deterministic for the same data."""
+    torch.set_num_threads(1)
+    fams = tuple(families or trained_families())
+    meas = load_family_data(data_dir, fams)
+    picker = build_picker(meas, devices)
+    mlps = {}
+    for family in tqdm(fams, desc="training", unit="family", disable=not progress):
+        mlps[family] = fit_family(meas[family], family, picker, devices)
+    memory = MemoryModel()
+    if OpFamily.ELEMENTWISE in meas:
+        memory = fit_memory_model(meas[OpFamily.ELEMENTWISE], devices)
+    files = [p for f in fams for p in neusight_files(data_dir, f)]
+    meta = {"train_devices": list(devices), "data_sha256": data_hash(files), "seed": SEED}
+    return TileMLPModel(mlps=mlps, picker=picker, memory=memory, meta=meta)
