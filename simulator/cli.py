@@ -10,13 +10,25 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-from forecast.gpus import GPUError
+from pydantic import ValidationError
+
+from forecast.gpus import GPUError, list_gpus, load_gpu
 from simulator.errors import ConfigError, InfeasibleConfig
+from topologies import Degradation, TopologyError, collective_estimate, load_cluster
+from topologies import report as topo_report
+from topologies.measured import compare, load_measured
+from topologies.plots import plot_busbw
 
 # Errors that mean "the user asked for something wrong": one line, exit 2.
-USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, GPUError, FileNotFoundError)
+USER_ERRORS: tuple[type[Exception], ...] = (
+    ConfigError,
+    GPUError,
+    FileNotFoundError,
+    TopologyError,
+)
 
 
 def _print_json(obj: Any) -> None:
@@ -36,7 +48,90 @@ def _add_kernels(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def _add_topologies(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    del sub  # filled in by the topologies work
+    p = sub.add_parser("collective", help="predict one collective on a cluster")
+    p.add_argument("--op", required=True, help="all-reduce, all-gather, reduce-scatter, ...")
+    p.add_argument("--bytes", type=float, required=True, help="size S as nccl-tests defines it")
+    p.add_argument("--gpus", type=int, required=True, help="ranks 0..gpus-1; nodes = ceil")
+    p.add_argument("--cluster", required=True, help="server id (tilesim list servers)")
+    p.add_argument("--network", default=None, help="network id; default: the server's NICs")
+    p.add_argument("--algorithm", default="auto", help="auto|ring|tree|nvls|hierarchical|direct")
+    p.add_argument(
+        "--degrade",
+        action="append",
+        default=[],
+        metavar="TIER:NODE:GPU:SCALE",
+        help="scale a link, e.g. inter:0:3:0.5 (NIC of node 0 GPU 3 at half rate; * = all)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_collective)
+    p = sub.add_parser("list", help="print a catalog: gpus, servers or networks")
+    p.add_argument("kind", help="gpus | servers | networks")
+    p.set_defaults(handler=_list)
+    p = sub.add_parser("collective-plot", help="predicted vs measured all-reduce busbw figure")
+    p.add_argument("--data", type=Path, required=True, help="shared/data/hardware folder")
+    p.add_argument("--out", type=Path, default=Path("busbw.png"), help="PNG to write")
+    p.set_defaults(handler=_collective_plot)
+    p = sub.add_parser("collective-check", help="measured vs predicted all-reduce busbw table")
+    p.add_argument("--data", type=Path, required=True, help="shared/data/hardware folder")
+    p.add_argument("--min-bytes", type=float, default=2**20, help="smallest size shown")
+    p.set_defaults(handler=_collective_check)
+
+
+def _parse_degrade(text: str) -> Degradation:
+    parts = text.split(":")
+    if len(parts) != 4 or parts[0] not in ("intra", "inter"):
+        raise TopologyError(f"--degrade {text!r}: use TIER:NODE:GPU:SCALE, e.g. inter:0:3:0.5")
+    try:
+        node, gpu = (None if x == "*" else int(x) for x in parts[1:3])
+        fields = {"tier": parts[0], "node": node, "local_rank": gpu, "bw_scale": float(parts[3])}
+        return Degradation.model_validate(fields)
+    except (ValueError, ValidationError) as e:
+        msg = f"--degrade {text!r}: NODE and GPU are integers or *, and 0 < SCALE <= 1"
+        raise TopologyError(msg) from e
+
+
+def _collective(args: argparse.Namespace) -> int:
+    degr = tuple(_parse_degrade(d) for d in args.degrade)
+    cluster = load_cluster(args.cluster, gpus=args.gpus, network=args.network, degradations=degr)
+    ranks = range(args.gpus)
+    est = collective_estimate(args.op, args.bytes, ranks, cluster, algorithm=args.algorithm)
+    if not args.json:
+        print(topo_report.describe(est))
+        return 0
+    _print_json(
+        {
+            "time_s": est.time_s,
+            "algbw_GBps": est.algbw_bytes_per_s / 1e9,
+            "busbw_GBps": est.busbw_bytes_per_s / 1e9,
+            "algorithm": est.algorithm,
+        }
+    )
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    if args.kind == "gpus":
+        lines = [f"{gpu_id:18} {load_gpu(gpu_id).name}" for gpu_id in list_gpus()]
+    elif args.kind == "servers":
+        lines = topo_report.server_lines()
+    elif args.kind == "networks":
+        lines = topo_report.network_lines()
+    else:
+        raise TopologyError(f"unknown catalog {args.kind!r}; use gpus, servers or networks")
+    print("\n".join(lines))
+    return 0
+
+
+def _collective_plot(args: argparse.Namespace) -> int:
+    curves = load_measured(args.data)
+    print(plot_busbw(sorted({(c.server, c.gpus) for c in curves}), curves, args.out))
+    return 0
+
+
+def _collective_check(args: argparse.Namespace) -> int:
+    rows = [r for c in load_measured(args.data) for r in compare(c) if r.nbytes >= args.min_bytes]
+    print(topo_report.check_table(rows))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
