@@ -38,7 +38,9 @@ def plot_busbw(
         algos = {c.algorithm for c in measured if (c.server, c.gpus) == (server, gpus)}
         algorithm = algos.pop() if len(algos) == 1 else "auto"
         pred = predicted_busbw(server, gpus, algorithm=algorithm)
-        ax.plot(SIZES_BYTES, [b / 1e9 for b in pred], color=colour, label=f"{server} x{gpus}")
+        style = ("-", "--", ":", "-.")[i % 4]
+        label = f"{server} x{gpus}"
+        ax.plot(SIZES_BYTES, [b / 1e9 for b in pred], color=colour, ls=style, label=label)
         for c in measured:
             if (c.server, c.gpus) == (server, gpus):
                 xs, ys = zip(*c.points, strict=True)
