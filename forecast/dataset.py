@@ -163,7 +163,7 @@ TRAIN_DEVICES = (
     "Tesla V100-PCIE-32GB",
     "NVIDIA A100-PCIE-40GB",
 )
-_ELEMENTWISE_DIRS = ("add", "addu", "mul", "mulu", "div", "divu", "pow", "powu")
+_ELEMENTWISE_DIRS: tuple[str, ...] = ("add", "addu", "mul", "mulu", "div", "divu", "pow", "powu")
 _ELEMENTWISE_DIRS += ("relu", "gelu", "tanh")
 _FAMILY_FILES: dict[OpFamily, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # family: (training globs, test globs) under kernels/nvidia/

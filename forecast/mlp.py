@@ -6,12 +6,19 @@ state dict is the whole model. The output is a log ratio; `TileMLP.ratio` expone
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
 
 class TileMLP(nn.Module):
     """A small MLP with input standardisation; predicts log(latency / base time)."""
+
+    mean: torch.Tensor
+    std: torch.Tensor
+    lo: torch.Tensor
+    hi: torch.Tensor
 
     def __init__(self, n_features: int, *, hidden: int = 64, layers: int = 3) -> None:
         super().__init__()
@@ -21,7 +28,7 @@ class TileMLP(nn.Module):
         self.register_buffer("hi", torch.full((n_features,), torch.inf))
         dims = [n_features, *([hidden] * layers)]
         blocks: list[nn.Module] = []
-        for a, b in zip(dims[:-1], dims[1:], strict=True):
+        for a, b in itertools.pairwise(dims):
             blocks += [nn.Linear(a, b), nn.SiLU()]
         blocks.append(nn.Linear(dims[-1], 1))
         self.net = nn.Sequential(*blocks)

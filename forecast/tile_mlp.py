@@ -100,12 +100,13 @@ class TileMLPModel:
         out_dir.mkdir(parents=True, exist_ok=True)
         for family, net in self.mlps.items():
             torch.save(net.state_dict(), out_dir / f"{family.value}.pt")
-        for family, tables in self.picker.tables.items():
-            np.savez_compressed(
-                out_dir / f"tiles_{family}.npz",
-                **{f"{t.gpu_id}|{t.compute_capability}|{t.num_sms}|dims": t.log_dims for t in tables},
-                **{f"{t.gpu_id}|{t.compute_capability}|{t.num_sms}|choice": t.choice for t in tables},
-            )
+        for fam_name, tables in self.picker.tables.items():
+            arrays: dict[str, Any] = {}
+            for t in tables:
+                key = f"{t.gpu_id}|{t.compute_capability}|{t.num_sms}"
+                arrays[f"{key}|dims"] = t.log_dims
+                arrays[f"{key}|choice"] = t.choice
+            np.savez_compressed(out_dir / f"tiles_{fam_name}.npz", **arrays)
         meta = {
             **self.meta,
             "families": {f.value: list(feature_names(f)) for f in self.mlps},
@@ -130,12 +131,14 @@ class TileMLPModel:
             mlps[family] = net
         tables: dict[str, list[TileTable]] = {}
         for path in sorted(d.glob("tiles_*.npz")):
-            family = path.stem.removeprefix("tiles_")
+            fam_name = path.stem.removeprefix("tiles_")
             with np.load(path) as z:
                 keys = sorted({k.rsplit("|", 1)[0] for k in z.files})
-                tables[family] = [_table(k, z[f"{k}|dims"], z[f"{k}|choice"]) for k in keys]
+                tables[fam_name] = [_table(k, z[f"{k}|dims"], z[f"{k}|choice"]) for k in keys]
         mem = meta.get("memory", {})
-        memory = MemoryModel(efficiency=mem.get("efficiency", 0.8), launch_s=mem.get("launch_s", 5e-6))
+        memory = MemoryModel(
+            efficiency=mem.get("efficiency", 0.8), launch_s=mem.get("launch_s", 5e-6)
+        )
         return cls(mlps=mlps, picker=TilePicker(tables), memory=memory, meta=meta)
 
 

@@ -84,15 +84,15 @@ class TilePicker:
         cc = _cc_number(gpu.compute_capability)
 
         def distance(t: TileTable) -> tuple[bool, float, float]:
-            return (t.gpu_id != gpu.id, abs(t.compute_capability - cc), abs(
-                np.log2(t.num_sms / gpu.num_sms)
-            ))
+            return (
+                t.gpu_id != gpu.id,
+                abs(t.compute_capability - cc),
+                abs(np.log2(t.num_sms / gpu.num_sms)),
+            )
 
         return min(cands, key=distance)
 
-    def pick(
-        self, family: str, gpu: GPUSpec, dims: npt.NDArray[np.int64]
-    ) -> npt.NDArray[np.int64]:
+    def pick(self, family: str, gpu: GPUSpec, dims: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """(n, 3) array of tile cols, tile rows and split-K for (n, 4) dims ``B,M,N,K``."""
         table = self.source_for(family, gpu)
         if table is None:

@@ -132,10 +132,11 @@ def row_work(gpu: GPUSpec, family: OpFamily, ops: list[str], dims: npt.NDArray[n
 
 def _passes(family: OpFamily, ops: list[str]) -> F64:
     """(n, 2) FLOPs and element transfers per element for the row families."""
+    rows: list[tuple[float, float]]
     if family is OpFamily.ELEMENTWISE:
-        rows = [(ELEMENTWISE_OPS[o][1], ELEMENTWISE_OPS[o][0] + 1) for o in ops]
+        rows = [(ELEMENTWISE_OPS[o][1], ELEMENTWISE_OPS[o][0] + 1.0) for o in ops]
     elif family is OpFamily.MEMORY:
-        rows = [(0.0, sum(MEMORY_OPS[o])) for o in ops]
+        rows = [(0.0, MEMORY_OPS[o][0] + MEMORY_OPS[o][1]) for o in ops]
     else:
         per = {OpFamily.SOFTMAX: (5.0, 2.0), OpFamily.LAYERNORM: (8.0, 2.0)}[family]
         rows = [per] * len(ops)

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from forecast.gpus import GPUError, list_gpus, load_gpu
 from simulator.errors import ConfigError, InfeasibleConfig
+from simulator.kernel_commands import KERNEL_ERRORS, add_kernel_commands
 from topologies import Degradation, TopologyError, collective_estimate, load_cluster
 from topologies import report as topo_report
 from topologies.measured import compare, load_measured
@@ -28,6 +29,7 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     GPUError,
     FileNotFoundError,
     TopologyError,
+    *KERNEL_ERRORS,
 )
 
 
@@ -39,9 +41,7 @@ def _print_json(obj: Any) -> None:
 
 
 def _add_kernels(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("kernels", help="single-GPU kernel latency: predict, eval, train")
-    ksub = p.add_subparsers(dest="kernels_cmd", required=True)
-    del ksub  # filled in by the forecaster
+    add_kernel_commands(sub)
 
 
 # --- section: topologies (topologies/) ---------------------------------------------------

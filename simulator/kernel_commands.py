@@ -1,0 +1,132 @@
+"""``tilesim kernels ...``: predict one kernel, score measurement files, train, validate.
+
+Handlers parse, load, call one library function of `forecast` and print.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from forecast.dataset import DataError, default_data_dir, load_measurements
+from forecast.evaluate import score, validate
+from forecast.gpus import load_gpu
+from forecast.kernels import Dtype, KernelSpec, family_of_op
+from forecast.predict import LATENCY_MODELS, load_latency_model
+from forecast.tile_mlp import WEIGHTS_DIR, ModelError
+from simulator.errors import ConfigError
+
+KERNEL_ERRORS: tuple[type[Exception], ...] = (DataError, ModelError)
+VALIDATION_FILE = WEIGHTS_DIR / "validation.json"
+
+
+def add_kernel_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``kernels predict|eval|train|validate``."""
+    p = sub.add_parser("kernels", help="single-GPU kernel latency: predict, eval, train, validate")
+    ks = p.add_subparsers(dest="kernels_cmd", required=True)
+
+    q = ks.add_parser("predict", help="latency of one kernel on one GPU")
+    q.add_argument("--gpu", required=True, help="catalog id, device name, .toml or NeuSight .json")
+    q.add_argument("--op", required=True, help="bmm, linear, add, gelu, softmax, ln, copy, ...")
+    q.add_argument("--dims", required=True, help="B,M,N,K for bmm/linear; B,H for vector ops")
+    q.add_argument("--dtype", default="fp32", help="fp32 (tile-mlp); roofline also tf32/bf16/...")
+    q.add_argument("--model", default="tile-mlp", help=f"one of {', '.join(LATENCY_MODELS)}")
+    q.add_argument("--json", action="store_true", help="print one JSON object")
+    q.set_defaults(handler=_predict)
+
+    e = ks.add_parser("eval", help="score measurement CSVs (NeuSight schema), per family")
+    e.add_argument("--csv", nargs="+", required=True, type=Path, help=".csv or .csv.gz files")
+    e.add_argument("--model", default="tile-mlp", help=f"one of {', '.join(LATENCY_MODELS)}")
+    e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.set_defaults(handler=_eval)
+
+    t = ks.add_parser("train", help="train the tile-MLP on the five NeuSight training GPUs")
+    t.add_argument("--data", type=Path, default=None, help="NeuSight data folder")
+    t.add_argument("--out", type=Path, default=WEIGHTS_DIR, help="weights folder to write")
+    t.set_defaults(handler=_train)
+
+    v = ks.add_parser("validate", help="unseen-GPU and leave-one-GPU-out errors vs roofline")
+    v.add_argument("--data", type=Path, default=None, help="NeuSight data folder")
+    v.add_argument("--out", type=Path, default=VALIDATION_FILE, help="JSON report to write")
+    v.add_argument("--no-logo", action="store_true", help="skip leave-one-GPU-out (5 retrains)")
+    v.set_defaults(handler=_validate)
+
+
+def _parse_dims(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--dims {text!r}: give comma-separated positive integers") from None
+    return dims
+
+
+def _kernel(args: argparse.Namespace) -> KernelSpec:
+    try:
+        family = family_of_op(args.op)
+    except ValueError as e:
+        raise ConfigError(f"--op: {e}") from e
+    if args.dtype not in {d.value for d in Dtype}:
+        accepted = ", ".join(d.value for d in Dtype)
+        raise ConfigError(f"--dtype {args.dtype!r}: use one of {accepted}")
+    dtype = Dtype(args.dtype)
+    dims = _parse_dims(args.dims)
+    if family.value in ("bmm", "linear") and len(dims) == 3:
+        dims = (1, *dims)  # linear M,N,K
+    op = "layernorm" if args.op == "ln" else args.op
+    try:
+        return KernelSpec(family, dims, dtype, op if op != family.value else "")
+    except ValueError as e:
+        raise ConfigError(f"--dims/--op: {e}") from e
+
+
+def _model(kind: str) -> Any:
+    try:
+        return load_latency_model(kind)
+    except ValueError as e:
+        if isinstance(e, KERNEL_ERRORS):
+            raise
+        raise ConfigError(f"--model: {e}") from e
+
+
+def _predict(args: argparse.Namespace) -> int:
+    kernel = _kernel(args)
+    gpu = load_gpu(args.gpu)
+    latency_s = float(_model(args.model).predict_s([kernel], gpu)[0])
+    if args.json:
+        print(json.dumps({"latency_s": latency_s}))
+    else:
+        print(
+            f"{kernel.op} {kernel.dims} {kernel.dtype.value} on {gpu.id}: {latency_s * 1e3:.4f} ms"
+        )
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    result = score(_model(args.model), load_measurements(args.csv))
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    for fam, s in result.items():
+        if fam != "skipped":
+            mape, med = s["mape_pct"], s["median_ape_pct"]
+            print(f"{fam:12} n={s['n']:6d}  MAPE {mape:6.2f}%  median {med:6.2f}%")
+    print(f"skipped rows: {len(result['skipped'])}")
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from forecast.train import train_model
+
+    model = train_model(args.data or default_data_dir())
+    model.save(args.out)
+    print(f"wrote weights to {args.out}")
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    report = validate(args.data or default_data_dir(), logo=not args.no_logo)
+    args.out.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,58 @@
+"""KernelSpec: shapes, hand-computed FLOPs and bytes, validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from forecast.kernels import Dtype, KernelSpec, OpFamily, family_of_op
+
+
+def test_bmm_flops_and_bytes_by_hand() -> None:
+    k = KernelSpec(OpFamily.BMM, (2, 3, 5, 7))
+    assert k.flops() == 2 * 2 * 3 * 5 * 7
+    assert k.bytes() == 4 * 2 * (3 * 5 + 5 * 7 + 3 * 7)
+
+
+def test_linear_counts_bias_and_weights_once() -> None:
+    k = KernelSpec(OpFamily.LINEAR, (1, 8, 16, 32))
+    assert k.flops() == 2 * 8 * 16 * 32 + 8 * 32
+    assert k.bytes() == 4 * (8 * 16 + 16 * 32 + 32 + 8 * 32)
+
+
+def test_binary_elementwise_reads_two_tensors_scalar_form_one() -> None:
+    add = KernelSpec(OpFamily.ELEMENTWISE, (4, 8), op="add")
+    addu = KernelSpec(OpFamily.ELEMENTWISE, (4, 8), op="addu")
+    assert add.bytes() == 4 * 32 * 3
+    assert addu.bytes() == 4 * 32 * 2
+
+
+def test_dtype_scales_bytes_not_flops() -> None:
+    a = KernelSpec(OpFamily.BMM, (1, 64, 64, 64), Dtype.FP32)
+    b = KernelSpec(OpFamily.BMM, (1, 64, 64, 64), Dtype.BF16)
+    assert a.flops() == b.flops()
+    assert a.bytes() == 2 * b.bytes()
+
+
+@pytest.mark.parametrize("dims", [(0, 1), (-1, 4), (1, 2, 3)])
+def test_bad_dims_are_rejected(dims: tuple[int, ...]) -> None:
+    with pytest.raises(ValueError, match="dims"):
+        KernelSpec(OpFamily.SOFTMAX, dims)
+
+
+def test_op_must_belong_to_family() -> None:
+    with pytest.raises(ValueError, match="not in family"):
+        KernelSpec(OpFamily.ELEMENTWISE, (1, 1), op="softmax")
+
+
+def test_family_of_op_names_the_accepted_ops() -> None:
+    assert family_of_op("gelu") is OpFamily.ELEMENTWISE
+    assert family_of_op("ln") is OpFamily.LAYERNORM
+    with pytest.raises(ValueError, match="accepted"):
+        family_of_op("conv9d")
+
+
+def test_kernelspec_is_a_hashable_memo_key() -> None:
+    a = KernelSpec(OpFamily.BMM, (1, 2, 3, 4))
+    b = KernelSpec(OpFamily.BMM, (1, 2, 3, 4), op="bmm")
+    assert a == b
+    assert len({a, b}) == 1

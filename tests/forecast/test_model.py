@@ -1,0 +1,105 @@
+"""Latency models: roofline closed form, MLP fit and round trip, batching equals one-by-one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from forecast.gpus import GPUSpec
+from forecast.kernels import Dtype, KernelSpec, OpFamily
+from forecast.predict import forecast_table, load_latency_model
+from forecast.roofline import RooflineModel
+from forecast.tile_mlp import MemoryModel, ModelError, TileMLPModel
+from forecast.tilepick import TilePicker, TileTable
+from forecast.train import fit_mlp
+
+
+def test_roofline_is_max_of_compute_and_memory(tiny_gpu: GPUSpec) -> None:
+    big = KernelSpec(OpFamily.BMM, (1, 1024, 1024, 1024))
+    vec = KernelSpec(OpFamily.ELEMENTWISE, (1024, 1024), op="add")
+    s = RooflineModel().predict_s([big, vec], tiny_gpu)
+    assert s[0] == pytest.approx(2 * 1024**3 / 1.28e12)
+    assert s[1] == pytest.approx(3 * 4 * 1024**2 / 1e11)
+
+
+def test_mlp_fits_synthetic_log_ratio() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2000, 3)).astype(np.float32)
+    y = 0.3 * x[:, 0] - 0.2 * x[:, 1] + 0.5
+    net = fit_mlp(x, y, np.ones(len(x)), epochs=30)
+    with torch.no_grad():
+        pred = net(torch.from_numpy(x)).numpy()
+    assert np.mean(np.abs(np.exp(pred - y) - 1)) < 0.05
+
+
+def test_mlp_clamps_inputs_to_training_range() -> None:
+    x = np.linspace(-1, 1, 200, dtype=np.float32).reshape(-1, 1)
+    net = fit_mlp(x, x[:, 0].astype(np.float64), np.ones(200), epochs=5)
+    with torch.no_grad():
+        at_edge, beyond = net(torch.tensor([[1.0], [50.0]])).numpy()
+    assert at_edge == beyond
+
+
+def _toy_model() -> TileMLPModel:
+    from forecast.features import feature_names
+    from forecast.mlp import TileMLP
+
+    torch.manual_seed(0)
+    mlps = {f: TileMLP(len(feature_names(f))) for f in OpFamily if f is not OpFamily.MEMORY}
+    table = TileTable("tiny", 8.0, 10, np.zeros((1, 4), np.float32), np.array([[128, 64, 1]]))
+    picker = TilePicker({"bmm": [table], "linear": [table]})
+    return TileMLPModel(mlps=mlps, picker=picker, memory=MemoryModel(0.5, 1e-6))
+
+
+def _kernels() -> list[KernelSpec]:
+    return [
+        KernelSpec(OpFamily.BMM, (4, 128, 64, 256)),
+        KernelSpec(OpFamily.ELEMENTWISE, (64, 1024), op="gelu"),
+        KernelSpec(OpFamily.LINEAR, (1, 512, 1024, 4096)),
+        KernelSpec(OpFamily.SOFTMAX, (4096, 512)),
+        KernelSpec(OpFamily.MEMORY, (8, 4096), op="embedding"),
+        KernelSpec(OpFamily.BMM, (1, 2048, 2048, 2048)),
+        KernelSpec(OpFamily.LAYERNORM, (2048, 1024)),
+    ]
+
+
+def test_batched_prediction_equals_one_by_one(tiny_gpu: GPUSpec) -> None:
+    model = _toy_model()
+    ks = _kernels()
+    batched = model.predict_s(ks, tiny_gpu)
+    single = np.array([model.predict_s([k], tiny_gpu)[0] for k in ks])
+    np.testing.assert_allclose(batched, single, rtol=1e-6)
+    assert (batched > 0).all()
+
+
+def test_save_load_round_trip_is_exact(tiny_gpu: GPUSpec, tmp_path: Path) -> None:
+    model = _toy_model()
+    model.save(tmp_path)
+    again = TileMLPModel.load(tmp_path)
+    np.testing.assert_array_equal(
+        model.predict_s(_kernels(), tiny_gpu), again.predict_s(_kernels(), tiny_gpu)
+    )
+
+
+def test_tensor_core_dtype_is_a_clear_error_not_a_fallback(tiny_gpu: GPUSpec) -> None:
+    with pytest.raises(ModelError, match="fp32"):
+        _toy_model().predict_s([KernelSpec(OpFamily.BMM, (1, 64, 64, 64), Dtype.BF16)], tiny_gpu)
+
+
+def test_forecast_table_dedupes(tiny_gpu: GPUSpec) -> None:
+    ks = _kernels()
+    table = forecast_table(ks + ks, tiny_gpu, RooflineModel())
+    assert set(table) == set(ks)
+
+
+def test_unknown_latency_model_names_the_choices() -> None:
+    with pytest.raises(ValueError, match="roofline"):
+        load_latency_model("oracle")
+
+
+def test_missing_weights_say_how_to_train(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="kernels train"):
+        TileMLPModel.load(tmp_path)
