@@ -1,0 +1,159 @@
+"""Model architectures: `ModelSpec` and `load_model` (catalog TOML id, TOML path or HF config).
+
+A model is architecture only (no batch, no parallelism). Catalog files live in
+``simulator/data/models/<id>.toml``; Hugging Face ``config.json`` files are read from a path or,
+by name, from the NeuSight ``models/`` folder (``gpt2_large`` -> ``models/gpt2_large.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from simulator.errors import ConfigError
+
+CATALOG_DIR = Path(__file__).parent / "data" / "models"
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "neusight"
+
+Architecture = Literal["gpt2", "opt", "bert", "switch", "llama", "mixtral"]
+Activation = Literal["gelu", "gelu_new", "relu", "swiglu"]
+
+
+class ModelSpec(BaseModel):
+    """One transformer architecture; sizes in elements, counts in layers/heads."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    architecture: Architecture
+    num_layers: int = Field(gt=0, description="decoder (or encoder-only) layers")
+    num_encoder_layers: int = Field(default=0, ge=0, description="encoder layers (switch only)")
+    hidden_size: int = Field(gt=0)
+    ffn_hidden_size: int = Field(gt=0, description="per expert for MoE models")
+    num_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(default=0, ge=0, description="0 = num_heads (no GQA)")
+    head_dim: int = Field(default=0, ge=0, description="0 = hidden_size / num_heads")
+    vocab_size: int = Field(gt=0)
+    max_positions: int = Field(default=2048, gt=0)
+    activation: Activation = "gelu"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    position: Literal["learned", "rotary", "relative"] = "learned"
+    bias: bool = True
+    tied_embeddings: bool = True
+    num_experts: int = Field(default=1, gt=0)
+    experts_per_token: int = Field(default=1, gt=0)
+    moe_every: int = Field(default=1, gt=0, description="every n-th layer is MoE")
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads (grouped-query attention when below num_heads)."""
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def dhead(self) -> int:
+        """Elements per attention head."""
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def total_layers(self) -> int:
+        """Encoder plus decoder layers."""
+        return self.num_layers + self.num_encoder_layers
+
+    def moe_layers(self, layers: int) -> int:
+        """How many of ``layers`` layers carry experts."""
+        return layers // self.moe_every if self.num_experts > 1 else 0
+
+    def layer_params(self, *, moe: bool, cross_attention: bool = False) -> int:
+        """Parameters of one transformer layer."""
+        h, qd, kvd = self.hidden_size, self.num_heads * self.dhead, self.kv_heads * self.dhead
+        b = 1 if self.bias else 0
+        attn = h * (qd + 2 * kvd) + qd * h + b * (qd + 2 * kvd + h)
+        mats = 3 if self.activation == "swiglu" else 2
+        ffn = mats * h * self.ffn_hidden_size + b * (self.ffn_hidden_size + h)
+        if moe:
+            ffn = ffn * self.num_experts + h * self.num_experts  # experts + router
+        norm = (2 if self.norm == "layernorm" else 1) * h
+        norms = (3 if cross_attention else 2) * norm
+        return attn * (2 if cross_attention else 1) + ffn + norms
+
+    def num_params(self, *, embeddings: bool = True) -> int:
+        """Total parameters; ``embeddings=False`` drops token/position tables and the head."""
+        dec = self._stack_params(self.num_layers, cross=self.num_encoder_layers > 0)
+        enc = self._stack_params(self.num_encoder_layers, cross=False)
+        norm = (2 if self.norm == "layernorm" else 1) * self.hidden_size
+        total = dec + enc + norm * (2 if self.num_encoder_layers else 1)
+        if embeddings:
+            total += self.vocab_size * self.hidden_size
+            if self.position == "learned":
+                total += self.max_positions * self.hidden_size
+            if not self.tied_embeddings:
+                total += self.vocab_size * self.hidden_size
+        return total
+
+    def _stack_params(self, layers: int, *, cross: bool) -> int:
+        moe = self.moe_layers(layers)
+        dense = layers - moe
+        return dense * self.layer_params(moe=False, cross_attention=cross) + moe * (
+            self.layer_params(moe=True, cross_attention=cross)
+        )
+
+
+def list_models() -> list[str]:
+    """Catalog ids, sorted."""
+    return sorted(p.stem for p in CATALOG_DIR.glob("*.toml"))
+
+
+def _validate(raw: dict[str, Any], source: str) -> ModelSpec:
+    try:
+        return ModelSpec.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"])
+        raise ConfigError(f"{source}: field {loc!r}: {first['msg']}") from e
+
+
+def _from_toml(path: Path) -> ModelSpec:
+    try:
+        with path.open("rb") as f:
+            raw = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"cannot read model file {path}: {e}") from e
+    raw.setdefault("id", path.stem)
+    return _validate(raw, str(path))
+
+
+def load_model(name_or_path: str | Path, *, data_dir: Path | None = None) -> ModelSpec:
+    """A model by catalog id, TOML path, HF ``config.json`` path or NeuSight model name."""
+    from simulator.hf_config import from_hf_config
+
+    text = str(name_or_path)
+    if (CATALOG_DIR / f"{text}.toml").is_file():
+        return _from_toml(CATALOG_DIR / f"{text}.toml")
+    path = Path(text)
+    if path.suffix == ".toml" and path.is_file():
+        return _from_toml(path)
+    if path.suffix == ".json" and path.is_file():
+        return from_hf_config(_read_json(path), path.stem, str(path))
+    named = (data_dir or DEFAULT_DATA_DIR) / "models" / f"{text}.json"
+    if path.suffix == "" and named.is_file():
+        return from_hf_config(_read_json(named), text, str(named))
+    if path.suffix in {".toml", ".json"}:
+        raise ConfigError(f"model file {path} does not exist")
+    raise ConfigError(
+        f"unknown model {text!r}: use a catalog id ({', '.join(list_models())}), a NeuSight "
+        f"model name (a file in {named.parent}), or a path to a .toml or HF config .json"
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"cannot read HF config {path}: {e}") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: an HF config is a JSON object")
+    return raw
