@@ -1,0 +1,222 @@
+"""Op inventories of Hugging Face eager PyTorch (unfused), one function per architecture.
+
+Each function lists what ``transformers`` launches for the embedding, one layer and the
+head, in forward order, as read from the NeuSight per-operator traces (torch.fx nodes).
+``host_ops`` is the trace's count of fx nodes per layer that launch no kernel.
+Attention scores are ``(B*heads*S, S)`` rows; views and permutes launch nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from forecast.kernels import Dtype
+from simulator import oprules as r
+from simulator.models import ModelSpec
+from simulator.opgraph import Block, Workload
+from simulator.oprules import FrameworkOp
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """The shapes one inventory needs."""
+
+    T: int  # tokens = batch * seq
+    B: int
+    S: int
+    H: int
+    F: int
+    nh: int
+    kv: int
+    d: int
+    V: int
+    dt: Dtype
+
+    @property
+    def scores(self) -> tuple[int, int]:
+        """Attention-score matrix as rows x columns."""
+        return (self.B * self.nh * self.S, self.S)
+
+
+def sizes(m: ModelSpec, run: Workload) -> Sizes:
+    """Shapes of a model under a workload."""
+    return Sizes(
+        run.tokens,
+        run.batch,
+        run.seq,
+        m.hidden_size,
+        m.ffn_hidden_size,
+        m.num_heads,
+        m.kv_heads,
+        m.dhead,
+        m.vocab_size,
+        run.dtype,
+    )
+
+
+def attention_core(z: Sizes, *, mask_op: str) -> list[FrameworkOp]:
+    """QK^T, scale, mask, softmax, dropout, AV and the head-merge copy."""
+    bh = z.B * z.nh
+    mask = (
+        r.memory("mask", "masked_fill", z.scores, z.dt, bw_op="masked_fill")
+        if mask_op == "where"
+        else r.elementwise("mask", "add", z.scores, z.dt)
+    )
+    return [
+        r.bmm("qk", (bh, z.S, z.d, z.S), z.dt),
+        r.elementwise("scale", "divu", z.scores, z.dt),
+        mask,
+        r.softmax("softmax", *z.scores, z.dt),
+        r.dropout("attn_dropout", *z.scores, z.dt),
+        r.bmm("av", (bh, z.S, z.S, z.d), z.dt),
+        r.memory("merge_heads", "copy", (z.T, z.nh * z.d), z.dt),
+    ]
+
+
+GELU_NEW = ("mulu", "powu", "mulu", "add", "mulu", "tanh", "addu", "mul")
+
+
+def _residual(z: Sizes, tag: str) -> list[FrameworkOp]:
+    return [
+        r.dropout(f"{tag}_dropout", z.T, z.H, z.dt),
+        r.elementwise(f"{tag}_add", "add", (z.T, z.H), z.dt),
+    ]
+
+
+def gpt2(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
+    """GPT2LMHeadModel (Conv1D projections, gelu_new as 8 element-wise kernels)."""
+    z = sizes(m, run)
+    act = GELU_NEW if m.activation == "gelu_new" else ("gelu",)
+    layer = [
+        r.layernorm("ln_1", z.T, z.H, z.dt),
+        r.linear("c_attn", z.T, (z.H, 3 * z.H), z.dt),
+        *attention_core(z, mask_op="where"),
+        r.linear("attn_c_proj", z.T, (z.H, z.H), z.dt),
+        *_residual(z, "attn"),
+        r.layernorm("ln_2", z.T, z.H, z.dt),
+        r.linear("c_fc", z.T, (z.H, z.F), z.dt),
+        *(r.elementwise(f"act_{i}", op, (z.T, z.F), z.dt) for i, op in enumerate(act)),
+        r.linear("mlp_c_proj", z.T, (z.F, z.H), z.dt),
+        *_residual(z, "mlp"),
+    ]
+    embed = [
+        r.embedding("wte", z.T, (z.V, z.H), z.dt),
+        r.embedding("wpe", z.S, (m.max_positions, z.H), z.dt),
+        r.elementwise("add_pos", "add", (z.T, z.H), z.dt),
+        r.dropout("drop", z.T, z.H, z.dt),
+    ]
+    head = [
+        r.layernorm("ln_f", z.T, z.H, z.dt),
+        r.linear("lm_head", z.T, (z.H, z.V), z.dt, bias=False),
+    ]
+    return (
+        Block("embed", tuple(embed), host_ops=20),
+        Block("layer", tuple(layer), m.num_layers, host_ops=80),
+        Block("head", tuple(head), host_ops=2),
+    )
+
+
+def bert(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
+    """BertForPreTraining: separate q/k/v projections, additive mask, post-norm."""
+    z = sizes(m, run)
+    layer = [
+        *(r.linear(n, z.T, (z.H, z.H), z.dt) for n in ("query", "key", "value")),
+        *attention_core(z, mask_op="add"),
+        r.linear("attn_out", z.T, (z.H, z.H), z.dt),
+        *_residual(z, "attn"),
+        r.layernorm("attn_ln", z.T, z.H, z.dt),
+        r.linear("intermediate", z.T, (z.H, z.F), z.dt),
+        r.elementwise("gelu", "gelu", (z.T, z.F), z.dt),
+        r.linear("output", z.T, (z.F, z.H), z.dt),
+        *_residual(z, "out"),
+        r.layernorm("out_ln", z.T, z.H, z.dt),
+    ]
+    embed = [
+        r.embedding("word", z.T, (z.V, z.H), z.dt),
+        r.embedding("token_type", z.T, (2, z.H), z.dt),
+        r.elementwise("add_type", "add", (z.T, z.H), z.dt),
+        r.embedding("position", z.S, (m.max_positions, z.H), z.dt),
+        r.elementwise("add_pos", "add", (z.T, z.H), z.dt),
+        r.layernorm("ln", z.T, z.H, z.dt),
+        r.dropout("drop", z.T, z.H, z.dt),
+    ]
+    head = [
+        r.linear("pooler", z.B, (z.H, z.H), z.dt),
+        r.elementwise("pooler_tanh", "tanh", (z.B, z.H), z.dt),
+        r.linear("transform", z.T, (z.H, z.H), z.dt),
+        r.elementwise("transform_gelu", "gelu", (z.T, z.H), z.dt),
+        r.layernorm("transform_ln", z.T, z.H, z.dt),
+        r.linear("decoder", z.T, (z.H, z.V), z.dt),
+        r.linear("seq_relationship", z.B, (z.H, 2), z.dt),
+    ]
+    return (
+        Block("embed", tuple(embed), host_ops=25),
+        Block("layer", tuple(layer), m.num_layers, host_ops=24),
+        Block("head", tuple(head), host_ops=2),
+    )
+
+
+def opt(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
+    """OPTForCausalLM: pre-norm, scaled q, three head-split copies, mask add + clamp, ReLU."""
+    z = sizes(m, run)
+    scores = z.scores
+    layer = [
+        r.layernorm("attn_ln", z.T, z.H, z.dt),
+        r.linear("q_proj", z.T, (z.H, z.H), z.dt),
+        r.elementwise("q_scale", "mulu", (z.T, z.H), z.dt),
+        r.linear("k_proj", z.T, (z.H, z.H), z.dt),
+        r.linear("v_proj", z.T, (z.H, z.H), z.dt),
+        *(r.memory(f"split_{x}", "copy", (z.T, z.H), z.dt) for x in "qkv"),
+        r.bmm("qk", (z.B * z.nh, z.S, z.d, z.S), z.dt),
+        r.elementwise("mask_add", "add", scores, z.dt),
+        r.memory("mask_clamp", "masked_fill", scores, z.dt, bw_op="masked_fill"),
+        r.softmax("softmax", *scores, z.dt),
+        r.bmm("av", (z.B * z.nh, z.S, z.S, z.d), z.dt),
+        r.memory("merge_heads", "copy", (z.T, z.H), z.dt),
+        r.linear("out_proj", z.T, (z.H, z.H), z.dt),
+        *_residual(z, "attn"),
+        r.layernorm("ffn_ln", z.T, z.H, z.dt),
+        r.linear("fc1", z.T, (z.H, z.F), z.dt),
+        r.elementwise("relu", "relu", (z.T, z.F), z.dt),
+        r.linear("fc2", z.T, (z.F, z.H), z.dt),
+        *_residual(z, "ffn"),
+    ]
+    embed = [
+        r.embedding("tokens", z.T, (z.V, z.H), z.dt),
+        *(r.memory(f"mask_{i}", "masked_fill", (z.B * z.S, z.S), z.dt) for i in range(5)),
+        r.embedding("positions", z.T, (m.max_positions, z.H), z.dt),
+        r.elementwise("add_pos", "add", (z.T, z.H), z.dt),
+        r.dropout("drop", z.T, z.H, z.dt),
+    ]
+    head = [
+        r.layernorm("final_ln", z.T, z.H, z.dt),
+        r.linear("lm_head", z.T, (z.H, z.V), z.dt, bias=False),
+    ]
+    return (
+        Block("embed", tuple(embed), host_ops=40),
+        Block("layer", tuple(layer), m.num_layers, host_ops=43),
+        Block("head", tuple(head), host_ops=2),
+    )
+
+
+def _hf_llama(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
+    from simulator.inventory_hf_moe import llama
+
+    return llama(m, run)
+
+
+def _hf_switch(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
+    from simulator.inventory_hf_moe import switch
+
+    return switch(m, run)
+
+
+HF_INVENTORIES: dict[str, Callable[[ModelSpec, Workload], tuple[Block, ...]]] = {
+    "gpt2": gpt2,
+    "bert": bert,
+    "opt": opt,
+    "llama": _hf_llama,
+    "mixtral": _hf_llama,
+    "switch": _hf_switch,
+}

@@ -1,0 +1,163 @@
+"""HF eager inventories of the RMSNorm families: Llama/Mixtral (RoPE, GQA, SwiGLU, top-k MoE)
+and Switch Transformer (T5 encoder-decoder, every ``moe_every``-th FFN a top-1 MoE).
+
+Not checked against a per-op trace (the NeuSight labels have none for Llama; Switch has one
+full-model trace on L4). Expert FFNs see ``tokens * experts_per_token / num_experts`` tokens
+each (balanced routing).
+"""
+
+from __future__ import annotations
+
+from forecast.kernels import Dtype
+from simulator import oprules as r
+from simulator.inventory_hf import Sizes, attention_core, sizes
+from simulator.models import ModelSpec
+from simulator.opgraph import Block, Workload
+from simulator.oprules import FrameworkOp
+
+
+def rmsnorm(name: str, rows: int, h: int, dt: Dtype) -> list[FrameworkOp]:
+    """HF eager RMSNorm: pow, mean (a read), x * rsqrt, weight * x: four kernels."""
+    norm = r.elementwise(f"{name}_scale", "mul", (rows, h), dt)
+    weighted = r.elementwise(f"{name}_weight", "mul", (rows, h), dt)
+    weighted = r.FrameworkOp(weighted.name, weighted.fw, weighted.bw, ((1, h),))
+    return [
+        r.elementwise(f"{name}_pow", "powu", (rows, h), dt),
+        r.memory(f"{name}_mean", "copy", (rows // 2, h), dt),
+        norm,
+        weighted,
+    ]
+
+
+def rope(name: str, rows: int, width: int, dt: Dtype) -> list[FrameworkOp]:
+    """Rotary embedding in eager PyTorch: x*cos, rotate_half (neg + cat), *sin, add."""
+    shape = (rows, width)
+    return [
+        r.elementwise(f"{name}_cos", "mul", shape, dt),
+        r.elementwise(f"{name}_neg", "mulu", (rows, width // 2), dt),
+        r.memory(f"{name}_cat", "copy", shape, dt, bw_op="copy"),
+        r.elementwise(f"{name}_sin", "mul", shape, dt),
+        r.elementwise(f"{name}_add", "add", shape, dt),
+    ]
+
+
+def swiglu_ffn(name: str, rows: int, z: Sizes) -> list[FrameworkOp]:
+    """gate/up projections, SiLU (a transcendental unary: modelled as ``gelu``), product, down."""
+    return [
+        r.linear(f"{name}_gate", rows, (z.H, z.F), z.dt, bias=False),
+        r.linear(f"{name}_up", rows, (z.H, z.F), z.dt, bias=False),
+        r.elementwise(f"{name}_silu", "gelu", (rows, z.F), z.dt),
+        r.elementwise(f"{name}_mul", "mul", (rows, z.F), z.dt),
+        r.linear(f"{name}_down", rows, (z.F, z.H), z.dt, bias=False),
+    ]
+
+
+def moe_ffn(m: ModelSpec, z: Sizes, expert: list[FrameworkOp], rows: int) -> list[FrameworkOp]:
+    """Router, per-expert gather, expert FFN, weighted scatter-add: ``num_experts`` times."""
+    router = [
+        r.linear("router", z.T, (z.H, m.num_experts), z.dt, bias=False),
+        r.softmax("router_softmax", z.T, m.num_experts, z.dt),
+    ]
+    per_expert = [
+        r.memory("gather", "copy", (rows, z.H), z.dt, bw_op="embedding"),
+        *expert,
+        r.elementwise("route_weight", "mulu", (rows, z.H), z.dt),
+        r.memory("scatter", "embedding", (rows, z.H), z.dt, bw_op="copy"),
+    ]
+    return router + per_expert * m.num_experts
+
+
+def llama(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
+    """LlamaForCausalLM / MixtralForCausalLM in eager attention."""
+    z = sizes(m, run)
+    qd, kvd = z.nh * z.d, z.kv * z.d
+    ffn: list[FrameworkOp] = swiglu_ffn("mlp", z.T, z)
+    if m.num_experts > 1:
+        rows = z.T * m.experts_per_token // m.num_experts
+        ffn = moe_ffn(m, z, swiglu_ffn("expert", rows, z), rows)
+    repeat_kv = [r.memory(f"repeat_{x}", "copy", (z.T, qd), z.dt) for x in "kv"]
+    layer = [
+        *rmsnorm("input_norm", z.T, z.H, z.dt),
+        r.linear("q_proj", z.T, (z.H, qd), z.dt, bias=False),
+        r.linear("k_proj", z.T, (z.H, kvd), z.dt, bias=False),
+        r.linear("v_proj", z.T, (z.H, kvd), z.dt, bias=False),
+        *rope("rope_q", z.T, qd, z.dt),
+        *rope("rope_k", z.T, kvd, z.dt),
+        *(repeat_kv if z.kv < z.nh else []),
+        *attention_core(z, mask_op="add"),
+        r.linear("o_proj", z.T, (qd, z.H), z.dt, bias=False),
+        r.elementwise("attn_add", "add", (z.T, z.H), z.dt),
+        *rmsnorm("post_norm", z.T, z.H, z.dt),
+        *ffn,
+        r.elementwise("mlp_add", "add", (z.T, z.H), z.dt),
+    ]
+    embed = [r.embedding("tokens", z.T, (z.V, z.H), z.dt)]
+    head = [
+        *rmsnorm("norm", z.T, z.H, z.dt),
+        r.linear("lm_head", z.T, (z.H, z.V), z.dt, bias=False),
+    ]
+    return (
+        Block("embed", tuple(embed), host_ops=10),
+        Block("layer", tuple(layer), m.num_layers, host_ops=60),
+        Block("head", tuple(head), host_ops=2),
+    )
+
+
+def _t5_attention(z: Sizes, tag: str) -> list[FrameworkOp]:
+    hd = z.nh * z.d
+    return [
+        *rmsnorm(f"{tag}_norm", z.T, z.H, z.dt),
+        *(r.linear(f"{tag}_{x}", z.T, (z.H, hd), z.dt, bias=False) for x in "qkv"),
+        *attention_core(z, mask_op="add"),
+        r.linear(f"{tag}_o", z.T, (hd, z.H), z.dt, bias=False),
+        r.dropout(f"{tag}_dropout", z.T, z.H, z.dt),
+        r.elementwise(f"{tag}_add", "add", (z.T, z.H), z.dt),
+    ]
+
+
+def _t5_ffn(m: ModelSpec, z: Sizes, *, moe: bool) -> list[FrameworkOp]:
+    rows = z.T // m.num_experts if moe else z.T
+    dense = [
+        r.linear("wi", rows, (z.H, z.F), z.dt, bias=False),
+        r.elementwise("relu", "relu", (rows, z.F), z.dt),
+        r.dropout("ffn_dropout", rows, z.F, z.dt),
+        r.linear("wo", rows, (z.F, z.H), z.dt, bias=False),
+    ]
+    body = moe_ffn(m, z, dense, rows) if moe else dense
+    norm = rmsnorm("ffn_norm", z.T, z.H, z.dt)
+    return [
+        *norm,
+        *body,
+        r.dropout("out_dropout", z.T, z.H, z.dt),
+        r.elementwise("ffn_add", "add", (z.T, z.H), z.dt),
+    ]
+
+
+def switch(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
+    """SwitchTransformersForConditionalGeneration; decoder length = encoder length."""
+    z = sizes(m, run)
+    enc_moe = m.moe_layers(m.num_encoder_layers)
+    dec_moe = m.moe_layers(m.num_layers)
+    enc_attn = _t5_attention(z, "self")
+    dec_attn = _t5_attention(z, "self") + _t5_attention(z, "cross")
+    blocks = [
+        Block("embed", (r.embedding("tokens", 2 * z.T, (z.V, z.H), z.dt),), host_ops=20),
+        Block(
+            "enc_dense",
+            tuple(enc_attn + _t5_ffn(m, z, moe=False)),
+            m.num_encoder_layers - enc_moe,
+            60,
+        ),
+        Block("enc_moe", tuple(enc_attn + _t5_ffn(m, z, moe=True)), enc_moe, 120),
+        Block("dec_dense", tuple(dec_attn + _t5_ffn(m, z, moe=False)), m.num_layers - dec_moe, 90),
+        Block("dec_moe", tuple(dec_attn + _t5_ffn(m, z, moe=True)), dec_moe, 150),
+        Block(
+            "head",
+            (
+                *rmsnorm("final_norm", 2 * z.T, z.H, z.dt),
+                r.linear("lm_head", z.T, (z.H, z.V), z.dt, bias=False),
+            ),
+            host_ops=4,
+        ),
+    ]
+    return tuple(b for b in blocks if b.repeat > 0)

@@ -1,0 +1,91 @@
+"""Op inventory of a Megatron-LM-style fused implementation, shared by all decoder stacks.
+
+Fused kernels and how they are modelled with the forecaster's families:
+
+* fused layer norm / RMSNorm: one ``layernorm`` kernel (backward: the rule of `oprules`);
+* flash attention: no ``S x S`` tensor in DRAM; forward = the two attention GEMMs (QK^T, AV)
+  as ``bmm`` kernels, backward = five (recomputed QK^T, dV, dP, dQ, dK);
+* fused bias-GeLU / SwiGLU: one element-wise kernel over the FFN activations;
+* fused bias-dropout-add: one element-wise ``add``;
+* fused Adam: see `opgraph.optimizer_kernels`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from forecast.kernels import KernelSpec, OpFamily
+from simulator import oprules as r
+from simulator.inventory_hf import Sizes, sizes
+from simulator.models import ModelSpec
+from simulator.opgraph import Block, Workload
+from simulator.oprules import FrameworkOp
+
+
+def flash_attention(z: Sizes) -> FrameworkOp:
+    """FlashAttention-2 forward and backward as GEMM-shaped kernels."""
+    bh = z.B * z.nh
+    qk = KernelSpec(OpFamily.BMM, (bh, z.S, z.d, z.S), z.dt)
+    av = KernelSpec(OpFamily.BMM, (bh, z.S, z.S, z.d), z.dt)
+    grad_k = KernelSpec(OpFamily.BMM, (bh, z.S, z.S, z.d), z.dt)
+    return FrameworkOp("flash_attention", (qk, av), (qk, av, av, grad_k, grad_k))
+
+
+def _ffn(m: ModelSpec, z: Sizes, rows: int) -> list[FrameworkOp]:
+    bias = m.bias
+    if m.activation == "swiglu":
+        return [
+            r.linear("fc_gate_up", rows, (z.H, 2 * z.F), z.dt, bias=bias),
+            r.elementwise("swiglu", "mul", (rows, z.F), z.dt),
+            r.linear("fc_down", rows, (z.F, z.H), z.dt, bias=bias),
+        ]
+    act = "relu" if m.activation == "relu" else "gelu"
+    return [
+        r.linear("fc1", rows, (z.H, z.F), z.dt, bias=bias),
+        r.elementwise(f"bias_{act}", act, (rows, z.F), z.dt),
+        r.linear("fc2", rows, (z.F, z.H), z.dt, bias=bias),
+    ]
+
+
+def decoder(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
+    """Embedding, ``num_layers`` fused layers, final norm and output head."""
+    z = sizes(m, run)
+    qkv = (z.nh + 2 * z.kv) * z.d
+    ffn = _ffn(m, z, z.T)
+    if m.num_experts > 1:
+        rows = z.T * m.experts_per_token // m.num_experts
+        ffn = [
+            r.linear("router", z.T, (z.H, m.num_experts), z.dt, bias=False),
+            r.memory("permute", "copy", (z.T * m.experts_per_token, z.H), z.dt, bw_op="copy"),
+            *(_ffn(m, z, rows) * m.num_experts),
+            r.memory("unpermute", "copy", (z.T * m.experts_per_token, z.H), z.dt, bw_op="copy"),
+        ]
+    layer = [
+        r.layernorm("input_norm", z.T, z.H, z.dt),
+        r.linear("qkv", z.T, (z.H, qkv), z.dt, bias=m.bias),
+        flash_attention(z),
+        r.linear("proj", z.T, (z.nh * z.d, z.H), z.dt, bias=m.bias),
+        r.elementwise("bias_dropout_add", "add", (z.T, z.H), z.dt),
+        r.layernorm("post_norm", z.T, z.H, z.dt),
+        *ffn,
+        r.elementwise("bias_dropout_add_2", "add", (z.T, z.H), z.dt),
+    ]
+    embed = [r.embedding("tokens", z.T, (z.V, z.H), z.dt)]
+    head = [
+        r.layernorm("final_norm", z.T, z.H, z.dt),
+        r.linear("output", z.T, (z.H, z.V), z.dt, bias=False),
+    ]
+    return (
+        Block("embed", tuple(embed)),
+        Block("layer", tuple(layer), m.num_layers),
+        Block("head", tuple(head)),
+    )
+
+
+MEGATRON_INVENTORIES: dict[str, Callable[[ModelSpec, Workload], tuple[Block, ...]]] = {
+    "gpt2": decoder,
+    "opt": decoder,
+    "bert": decoder,
+    "llama": decoder,
+    "mixtral": decoder,
+}

@@ -1,0 +1,174 @@
+"""Model + workload -> the kernels one inference pass or training step launches, per phase.
+
+`build_ops` looks up the architecture's inventory (one function per architecture and
+framework, in `inventory_hf` and `inventory_megatron`), which lists `FrameworkOp` blocks
+(embedding, one layer, head) with a repeat count. Expansion rules, stated once here:
+
+* forward: every block's forward kernels, ``repeat`` times; train-only ops (dropout) only in
+  ``train`` mode;
+* backward (``train``): every block's backward kernels, plus gradient accumulation, one
+  element-wise ``add`` per parameter tensor (AccumulateGrad);
+* optimizer (``train``): the framework's Adam kernels over all parameters (reported apart).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forecast.kernels import Dtype, KernelSpec, OpFamily
+from simulator.errors import ConfigError
+from simulator.models import ModelSpec
+from simulator.oprules import FrameworkOp
+
+
+class Phase(StrEnum):
+    """Where a kernel runs in a step."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+
+
+Framework = Literal["hf-eager", "megatron"]
+
+
+class Workload(BaseModel):
+    """How one model is run on one GPU: batch, sequence, mode, implementation, dtype."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    batch: int = Field(gt=0)
+    seq: int = Field(gt=0)
+    mode: Literal["inf", "train"] = "train"
+    framework: Framework = "hf-eager"
+    dtype: Dtype = Dtype.FP32
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per forward pass."""
+        return self.batch * self.seq
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """A run of framework ops repeated ``repeat`` times (a layer, the embedding, the head).
+
+    ``host_ops`` counts the framework ops of one repeat that launch no kernel (views, size,
+    getitem...): the host pays for them, the GPU does not.
+    """
+
+    name: str
+    ops: tuple[FrameworkOp, ...]
+    repeat: int = 1
+    host_ops: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One kernel of a phase, launched ``count`` times."""
+
+    name: str
+    kernel: KernelSpec
+    count: int
+    phase: Phase
+
+
+@dataclass(frozen=True, slots=True)
+class OpGraph:
+    """All kernels of a run, and the host-only framework ops per phase."""
+
+    ops: tuple[Op, ...]
+    host_ops: dict[Phase, int]
+
+    def kernels(self) -> set[KernelSpec]:
+        """Distinct kernels (the forecast table's keys)."""
+        return {op.kernel for op in self.ops}
+
+    def launches(self, phase: Phase) -> int:
+        """Kernel launches of one phase."""
+        return sum(op.count for op in self.ops if op.phase is phase)
+
+
+InventoryFn = Callable[[ModelSpec, Workload], tuple[Block, ...]]
+
+
+def _inventories() -> dict[tuple[str, str], InventoryFn]:
+    from simulator.inventory_hf import HF_INVENTORIES
+    from simulator.inventory_megatron import MEGATRON_INVENTORIES
+
+    return {
+        **{("hf-eager", a): f for a, f in HF_INVENTORIES.items()},
+        **{("megatron", a): f for a, f in MEGATRON_INVENTORIES.items()},
+    }
+
+
+def inventory(model: ModelSpec, run: Workload) -> tuple[Block, ...]:
+    """The blocks of a model under a framework; an unsupported pair names the supported ones."""
+    table = _inventories()
+    key = (run.framework, model.architecture)
+    if key not in table:
+        have = ", ".join(sorted(f"{f}/{a}" for f, a in table))
+        raise ConfigError(f"no {run.framework} inventory for {model.architecture}; have: {have}")
+    return table[key](model, run)
+
+
+def _param_shapes(blocks: tuple[Block, ...]) -> list[tuple[tuple[int, int], int]]:
+    return [(shape, b.repeat) for b in blocks for fop in b.ops for shape in fop.params]
+
+
+def optimizer_kernels(model: ModelSpec, run: Workload, blocks: tuple[Block, ...]) -> list[Op]:
+    """Adam/AdamW: hf-eager = torch foreach AdamW (8 passes of multi-tensor element-wise
+    kernels over all parameters); megatron = fused Adam (one pass reading p, g, m, v and
+    writing p, m, v: modelled as two ``add`` and one ``copy`` over all parameters)."""
+    n = sum(r * rows * cols for (rows, cols), r in _param_shapes(blocks))
+    dims = (max(1, -(-n // 65536)), 65536)
+    ew, mem = OpFamily.ELEMENTWISE, OpFamily.MEMORY
+    if run.framework == "megatron":
+        kinds = [(ew, "add"), (ew, "add"), (mem, "copy")]
+    else:
+        kinds = [(ew, "mulu"), (ew, "add"), (ew, "mul"), (ew, "add"), (ew, "powu")]
+        kinds += [(ew, "addu"), (ew, "div"), (ew, "add")]
+    return [
+        Op(f"adam.{op}", KernelSpec(fam, dims, run.dtype, op), 1, Phase.OPTIMIZER)
+        for fam, op in kinds
+    ]
+
+
+def _expand(blocks: tuple[Block, ...], run: Workload) -> list[Op]:
+    ops: list[Op] = []
+    train = run.mode == "train"
+    for b in blocks:
+        for fop in b.ops:
+            if fop.train_only and not train:
+                continue
+            name = f"{b.name}.{fop.name}"
+            ops += [Op(name, k, b.repeat, Phase.FORWARD) for k in fop.fw]
+            if not train:
+                continue
+            ops += [Op(name, k, b.repeat, Phase.BACKWARD) for k in fop.bw]
+            ops += [
+                Op(
+                    f"{name}.acc",
+                    KernelSpec(OpFamily.ELEMENTWISE, s, run.dtype, "add"),
+                    b.repeat,
+                    Phase.BACKWARD,
+                )
+                for s in fop.params
+            ]
+    return ops
+
+
+def build_ops(model: ModelSpec, run: Workload) -> OpGraph:
+    """Every kernel of one inference pass (``inf``) or training step (``train``)."""
+    blocks = inventory(model, run)
+    ops = _expand(blocks, run)
+    if run.mode == "train":
+        ops += optimizer_kernels(model, run, blocks)
+    fw_host = sum(b.repeat * b.host_ops for b in blocks)
+    graph = OpGraph(tuple(ops), {Phase.FORWARD: fw_host, Phase.BACKWARD: 0, Phase.OPTIMIZER: 0})
+    return graph
