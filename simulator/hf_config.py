@@ -67,6 +67,7 @@ def _switch(raw: Raw) -> Raw:
         "bias": False,
         "num_experts": raw["num_experts"],
         "moe_every": raw.get("encoder_sparse_step", 2),
+        "expert_capacity": raw.get("expert_capacity", 0),
     }
 
 

@@ -3,7 +3,7 @@ and Switch Transformer (T5 encoder-decoder, every ``moe_every``-th FFN a top-1 M
 
 Not checked against a per-op trace (the NeuSight labels have none for Llama; Switch has one
 full-model trace on L4). Expert FFNs see ``tokens * experts_per_token / num_experts`` tokens
-each (balanced routing).
+each (balanced routing), at most ``expert_capacity`` (HF Switch drops the rest).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def llama(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     qd, kvd = z.nh * z.d, z.kv * z.d
     ffn: list[FrameworkOp] = swiglu_ffn("mlp", z.T, z)
     if m.num_experts > 1:
-        rows = z.T * m.experts_per_token // m.num_experts
+        rows = m.expert_rows(z.T)
         ffn = moe_ffn(m, z, swiglu_ffn("expert", rows, z), rows)
     repeat_kv = [r.memory(f"repeat_{x}", "copy", (z.T, qd), z.dt) for x in "kv"]
     layer = [
@@ -116,7 +116,7 @@ def _t5_attention(z: Sizes, tag: str) -> list[FrameworkOp]:
 
 
 def _t5_ffn(m: ModelSpec, z: Sizes, *, moe: bool) -> list[FrameworkOp]:
-    rows = z.T // m.num_experts if moe else z.T
+    rows = m.expert_rows(z.T) if moe else z.T
     dense = [
         r.linear("wi", rows, (z.H, z.F), z.dt, bias=False),
         r.elementwise("relu", "relu", (rows, z.F), z.dt),

@@ -53,7 +53,7 @@ def decoder(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     qkv = (z.nh + 2 * z.kv) * z.d
     ffn = _ffn(m, z, z.T)
     if m.num_experts > 1:
-        rows = z.T * m.experts_per_token // m.num_experts
+        rows = m.expert_rows(z.T)
         ffn = [
             r.linear("router", z.T, (z.H, m.num_experts), z.dt, bias=False),
             r.memory("permute", "copy", (z.T * m.experts_per_token, z.H), z.dt, bw_op="copy"),

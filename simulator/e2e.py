@@ -1,0 +1,98 @@
+"""Predict one whole-model run on one GPU: op graph -> forecast table -> sums per phase.
+
+Costs beyond the kernels (`Overheads`), fitted on the labels of the kernel-training GPUs only
+(P4, P100, T4, V100, A100-PCIE-40GB) by `e2e_validate.fit_overheads`:
+
+* ``gap_s``: idle time between consecutive kernels of an eager stream (launch latency,
+  allocator, tiny kernels' ramp), added to every launch;
+* ``host_s``: host time per framework op (Python dispatch, autograd bookkeeping). The GPU
+  runs asynchronously, so a phase takes ``max(GPU time, host time)``: small batches on fast
+  GPUs are host-bound. Host ops = kernel launches + the inventory's kernel-less ops.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forecast.gpus import GPUSpec
+from forecast.predict import LatencyModel, LatencyTable, forecast_table
+from simulator.memory import GIB, estimate_memory
+from simulator.models import ModelSpec
+from simulator.opgraph import OpGraph, Phase, Workload, build_ops
+
+
+class Overheads(BaseModel):
+    """Fitted per-launch and per-host-op costs, seconds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gap_s: float = Field(ge=0)
+    host_s: float = Field(ge=0)
+    fitted_on: tuple[str, ...] = ()
+
+
+# Fitted by `tilesim validate e2e --fit` (tile-mlp) on the training GPUs' labels.
+FITTED = Overheads(gap_s=4e-6, host_s=25e-6, fitted_on=("p4", "p100", "t4", "v100", "a100-40"))
+NO_OVERHEADS = Overheads(gap_s=0.0, host_s=0.0)
+
+
+class E2EResult(BaseModel):
+    """The prediction printed by ``tilesim predict``; times in ms as the labels are."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    e2e_ms: float
+    fw_ms: float
+    bw_ms: float
+    optimizer_ms: float
+    by_family_ms: dict[str, float]
+    memory_gib: float
+    fits: bool
+
+
+def phase_time_s(graph: OpGraph, table: LatencyTable, phase: Phase, over: Overheads) -> float:
+    """Time of one phase: the larger of GPU time (kernels + gaps) and host time."""
+    gpu = sum(op.count * (table[op.kernel] + over.gap_s) for op in graph.ops if op.phase is phase)
+    host = (graph.launches(phase) + graph.host_ops[phase]) * over.host_s
+    return max(gpu, host)
+
+
+def family_times_s(graph: OpGraph, table: LatencyTable, over: Overheads) -> dict[str, float]:
+    """Kernel time (with gaps) per op family over forward and backward."""
+    out: dict[str, float] = defaultdict(float)
+    for op in graph.ops:
+        if op.phase is not Phase.OPTIMIZER:
+            out[op.kernel.family.value] += op.count * (table[op.kernel] + over.gap_s)
+    return dict(sorted(out.items()))
+
+
+def predict_graph(graph: OpGraph, table: LatencyTable, over: Overheads) -> dict[Phase, float]:
+    """Seconds per phase."""
+    return {p: phase_time_s(graph, table, p, over) for p in Phase}
+
+
+def predict_run(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    run: Workload,
+    latency_model: LatencyModel,
+    *,
+    overheads: Overheads = FITTED,
+) -> E2EResult:
+    """Forecast one inference pass or training step (optimizer reported apart)."""
+    graph = build_ops(model, run)
+    table = forecast_table(graph.kernels(), gpu, latency_model)
+    t = predict_graph(graph, table, overheads)
+    mem = estimate_memory(model, run, gpu)
+    fw, bw = t[Phase.FORWARD], t[Phase.BACKWARD]
+    return E2EResult(
+        e2e_ms=(fw + bw) * 1e3,
+        fw_ms=fw * 1e3,
+        bw_ms=bw * 1e3,
+        optimizer_ms=t[Phase.OPTIMIZER] * 1e3,
+        by_family_ms={k: v * 1e3 for k, v in family_times_s(graph, table, overheads).items()},
+        memory_gib=mem.total_bytes / GIB,
+        fits=mem.fits,
+    )

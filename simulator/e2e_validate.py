@@ -1,0 +1,120 @@
+"""Score whole-model forecasts against the NeuSight labels; fit the overheads of `e2e`.
+
+A label ``labels/<GPU>/<model>-<inf|train>-<seq>-<batch>.json`` holds measured HF-eager FP32
+latencies in ms. The GPU folder name is the device name with spaces replaced by ``_``;
+folders whose device has no catalog entry (MI250) are skipped with a reason. Fused
+(``-fusion``) and multi-GPU (``-dp4``, ``-tp4``, ``-pp4_1``) runs are out of scope here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from forecast.gpus import GPUError, GPUSpec, load_gpu
+from forecast.predict import LatencyModel, LatencyTable, forecast_table
+from simulator.e2e import Overheads, predict_graph
+from simulator.models import ModelSpec, load_model
+from simulator.opgraph import OpGraph, Phase, Workload, build_ops
+
+TRAINING_GPUS = ("p4", "p100-pcie-16gb", "t4", "v100-pcie-32gb", "a100-pcie-40gb")
+RUN_NAME = re.compile(r"^(?P<model>\w+)-(?P<mode>inf|train)-(?P<seq>\d+)-(?P<batch>\d+)$")
+MODEL_ALIASES = {"switch4": "switch-base-4"}
+
+
+@dataclass(frozen=True, slots=True)
+class Label:
+    """One measured run."""
+
+    gpu_id: str
+    gpu_folder: str
+    model: str
+    run: Workload
+    e2e_ms: float
+    fw_ms: float
+    bw_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRun:
+    """A label with its op graph and kernel forecasts (overheads applied later)."""
+
+    label: Label
+    graph: OpGraph
+    table: LatencyTable
+
+
+def load_labels(data_dir: Path) -> tuple[list[Label], dict[str, str]]:
+    """All single-GPU labels, and the skipped GPU folders with their reason."""
+    labels: list[Label] = []
+    skipped: dict[str, str] = {}
+    for folder in sorted((data_dir / "labels").iterdir()):
+        try:
+            gpu = load_gpu(folder.name.replace("_", " "))
+        except GPUError:
+            skipped[folder.name] = "no catalog entry for this device"
+            continue
+        for path in sorted(folder.glob("*.json")):
+            m = RUN_NAME.match(path.stem)
+            if m is None:
+                continue
+            raw = json.loads(path.read_text())
+            run = Workload(batch=int(m["batch"]), seq=int(m["seq"]), mode=m["mode"])  # type: ignore[arg-type]
+            model = MODEL_ALIASES.get(m["model"], m["model"])
+            labels.append(
+                Label(
+                    gpu.id,
+                    folder.name,
+                    model,
+                    run,
+                    float(raw["e2e_latency"]),
+                    float(raw["fw_latency"]),
+                    float(raw["bwall_latency"]),
+                )
+            )
+    return labels, skipped
+
+
+def prepare(labels: list[Label], data_dir: Path, latency_model: LatencyModel) -> list[PreparedRun]:
+    """Build every label's op graph and forecast its kernels, one table per GPU."""
+    models: dict[str, ModelSpec] = {}
+    out: list[PreparedRun] = []
+    by_gpu: dict[str, list[tuple[Label, OpGraph]]] = {}
+    for lab in labels:
+        if lab.model not in models:
+            models[lab.model] = load_model(lab.model, data_dir=data_dir)
+        by_gpu.setdefault(lab.gpu_id, []).append((lab, build_ops(models[lab.model], lab.run)))
+    for gpu_id, items in by_gpu.items():
+        gpu: GPUSpec = load_gpu(gpu_id)
+        kernels = set().union(*(g.kernels() for _, g in items))
+        table = forecast_table(kernels, gpu, latency_model)
+        out += [PreparedRun(lab, g, table) for lab, g in items]
+    return out
+
+
+def predicted_e2e_ms(p: PreparedRun, over: Overheads) -> float:
+    """Forward (+ backward) prediction of one prepared run, ms."""
+    t = predict_graph(p.graph, p.table, over)
+    return (t[Phase.FORWARD] + t[Phase.BACKWARD]) * 1e3
+
+
+def rel_errors(runs: list[PreparedRun], over: Overheads) -> np.ndarray:
+    """Signed relative e2e errors, (pred - measured) / measured."""
+    return np.array([predicted_e2e_ms(p, over) / p.label.e2e_ms - 1.0 for p in runs])
+
+
+def fit_overheads(runs: list[PreparedRun]) -> Overheads:
+    """Grid search of (gap_s, host_s) minimising mean |error| on the training GPUs' runs."""
+    train = [p for p in runs if p.label.gpu_id in TRAINING_GPUS]
+    best = (np.inf, Overheads(gap_s=0.0, host_s=0.0))
+    for gap_us in np.arange(0.0, 20.01, 0.5):
+        for host_us in np.arange(0.0, 60.01, 2.5):
+            over = Overheads(gap_s=gap_us * 1e-6, host_s=host_us * 1e-6)
+            err = float(np.mean(np.abs(rel_errors(train, over))))
+            best = min(best, (err, over), key=lambda x: x[0])
+    used = tuple(sorted({p.label.gpu_id for p in train}))
+    return best[1].model_copy(update={"fitted_on": used})
