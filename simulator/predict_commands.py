@@ -1,0 +1,143 @@
+"""``tilesim predict`` (one whole-model run, or a JSONL of runs) and ``tilesim validate e2e``.
+
+Handlers parse, load, call `e2e.predict_run` or `e2e_validate`, and print.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from forecast.gpus import GPUError, load_gpu
+from forecast.predict import load_latency_model
+from simulator.e2e import FITTED, E2EResult, predict_run
+from simulator.e2e_validate import PreparedRun, load_labels, prepare, rel_errors
+from simulator.errors import ConfigError
+from simulator.models import DEFAULT_DATA_DIR, load_model
+from simulator.opgraph import Workload
+
+
+def add_predict_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``predict`` and ``validate e2e``."""
+    p = sub.add_parser("predict", help="whole-model inference or training-step time on one GPU")
+    p.add_argument("--model", help="catalog id, NeuSight model name, .toml or HF config .json")
+    p.add_argument("--gpu", help="catalog id, device name, .toml or NeuSight device .json")
+    p.add_argument("--batch", type=int, help="sequences per pass")
+    p.add_argument("--seq", type=int, help="tokens per sequence")
+    p.add_argument("--mode", choices=["inf", "train"], help="inference pass or training step")
+    p.add_argument("--framework", default="hf-eager", help="hf-eager | megatron")
+    p.add_argument("--dtype", default="fp32", help="fp32 (tile-mlp); roofline also bf16, ...")
+    p.add_argument("--runs", type=Path, help="JSONL, one run per line with the flags' keys")
+    p.add_argument("--latency-model", default="tile-mlp", help="tile-mlp | roofline")
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
+    p.add_argument("--json", action="store_true", help="print JSON (one object per run)")
+    p.set_defaults(handler=_predict)
+    v = sub.add_parser("validate", help="validation against measurements")
+    vs = v.add_subparsers(dest="validate_cmd", required=True)
+    e = vs.add_parser("e2e", help="whole-model error per GPU and per op family (NeuSight labels)")
+    e.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
+    e.add_argument("--markdown", action="store_true", help="print the README table only")
+    e.set_defaults(handler=_validate_e2e)
+
+
+RUN_KEYS = ("model", "gpu", "batch", "seq", "mode", "framework", "dtype")
+
+
+def _run_one(spec: dict[str, Any], args: argparse.Namespace) -> E2EResult:
+    unknown = set(spec) - set(RUN_KEYS)
+    missing = [k for k in RUN_KEYS[:5] if spec.get(k) is None]
+    if unknown or missing:
+        bad = f"unknown keys {sorted(unknown)}" if unknown else f"missing {', '.join(missing)}"
+        raise ConfigError(f"run {bad}; keys: {', '.join(RUN_KEYS)}")
+    fields = {k: spec[k] for k in RUN_KEYS[2:] if spec.get(k) is not None}
+    try:
+        run = Workload.model_validate(fields)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise ConfigError(f"field {first['loc'][0]!r}: {first['msg']}") from e
+    model = load_model(str(spec["model"]), data_dir=args.data)
+    gpu = load_gpu(str(spec["gpu"]))
+    try:
+        latency_model = load_latency_model(args.latency_model)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    return predict_run(model, gpu, run, latency_model)
+
+
+def _print_result(res: E2EResult, *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(res.model_dump()))
+        return
+    print(
+        f"e2e {res.e2e_ms:.2f} ms (fw {res.fw_ms:.2f}, bw {res.bw_ms:.2f}), optimizer "
+        f"{res.optimizer_ms:.2f} ms, memory {res.memory_gib:.2f} GiB, fits={res.fits}"
+    )
+
+
+def _predict(args: argparse.Namespace) -> int:
+    if args.runs is None:
+        spec = {k: getattr(args, k) for k in RUN_KEYS}
+        _print_result(_run_one(spec, args), as_json=args.json)
+        return 0
+    lines = args.runs.read_text().splitlines()
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            spec = json.loads(line)
+            if not isinstance(spec, dict):
+                raise ConfigError("a run is a JSON object")
+            _print_result(_run_one(spec, args), as_json=True)
+        except (json.JSONDecodeError, ConfigError, GPUError, ValueError) as e:
+            print(json.dumps({"line": i, "error": str(e).splitlines()[0]}))
+    return 0
+
+
+def _gpu_rows(runs: dict[str, list[PreparedRun]]) -> list[str]:
+    ours, roof = runs["tile-mlp"], runs["roofline"]
+    e_ours, e_roof = rel_errors(ours, FITTED), rel_errors(roof, FITTED)
+    rows = [
+        "| GPU | runs | ours mean | ours max | roofline mean | roofline max |",
+        "|---|---|---|---|---|---|",
+    ]
+    for gpu in sorted({p.label.gpu_id for p in ours}):
+        idx = [i for i, p in enumerate(ours) if p.label.gpu_id == gpu]
+        a, b = np.abs(e_ours[idx]) * 100, np.abs(e_roof[idx]) * 100
+        rows.append(
+            f"| {gpu} | {len(idx)} | {a.mean():.1f}% | {a.max():.1f}% | "
+            f"{b.mean():.1f}% | {b.max():.1f}% |"
+        )
+    return rows
+
+
+def _family_rows(runs: dict[str, list[PreparedRun]]) -> list[str]:
+    from simulator.e2e import family_times_s
+
+    rows = ["| op family | ours total ms | roofline total ms |", "|---|---|---|"]
+    tot: dict[str, dict[str, float]] = {}
+    for kind, items in runs.items():
+        for p in items:
+            for fam, t in family_times_s(p.graph, p.table, FITTED).items():
+                tot.setdefault(fam, {}).setdefault(kind, 0.0)
+                tot[fam][kind] += t * 1e3
+    for fam, by in sorted(tot.items()):
+        rows.append(f"| {fam} | {by.get('tile-mlp', 0):.0f} | {by.get('roofline', 0):.0f} |")
+    return rows
+
+
+def _validate_e2e(args: argparse.Namespace) -> int:
+    labels, skipped = load_labels(args.data)
+    runs = {k: prepare(labels, args.data, load_latency_model(k)) for k in ("tile-mlp", "roofline")}
+    print("\n".join(_gpu_rows(runs)))
+    if args.markdown:
+        return 0
+    print("\nPredicted kernel time per op family over all labelled runs (measured: n/a)")
+    print("\n".join(_family_rows(runs)))
+    for folder, why in skipped.items():
+        print(f"skipped {folder}: {why}")
+    return 0
