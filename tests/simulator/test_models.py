@@ -1,0 +1,61 @@
+"""Closed forms of the model catalog: parameter counts and FLOPs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from simulator.errors import ConfigError
+from simulator.models import load_model
+from simulator.opgraph import Phase, Workload, build_ops
+
+
+@pytest.mark.parametrize(
+    ("model_id", "published"),
+    [("gpt3-175b", 175e9), ("llama2-7b", 6.74e9), ("llama2-70b", 68.98e9), ("llama3-8b", 8.03e9)],
+)
+def test_parameter_counts_match_published(model_id: str, published: float) -> None:
+    assert load_model(model_id).num_params() == pytest.approx(published, rel=0.01)
+
+
+@pytest.mark.parametrize("model_id", ["gpt3-175b", "llama2-7b", "llama2-70b"])
+def test_forward_gemm_flops_are_twice_the_params_per_token(model_id: str) -> None:
+    model = load_model(model_id)
+    run = Workload(batch=1, seq=128, mode="inf")
+    graph = build_ops(model, run)
+    gemm = sum(
+        op.count * op.kernel.flops()
+        for op in graph.ops
+        if op.kernel.family.value == "linear" and "head" not in op.name
+    )
+    per_token = gemm / run.tokens
+    assert per_token == pytest.approx(2 * model.num_params(embeddings=False), rel=0.02)
+
+
+@pytest.mark.parametrize("framework", ["hf-eager", "megatron"])
+def test_training_flops_are_three_times_forward(framework: str) -> None:
+    graph = build_ops(
+        load_model("gpt3-175b"), Workload(batch=1, seq=2048, mode="train", framework=framework)
+    )
+    fw = sum(o.count * o.kernel.flops() for o in graph.ops if o.phase is Phase.FORWARD)
+    bw = sum(o.count * o.kernel.flops() for o in graph.ops if o.phase is Phase.BACKWARD)
+    assert (fw + bw) / fw == pytest.approx(3.0, rel=0.05)
+
+
+def test_unknown_hf_architecture_names_the_supported_ones(tmp_path: Path) -> None:
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text('{"model_type": "mamba"}')
+    with pytest.raises(ConfigError, match="supported: gpt2, opt, bert"):
+        load_model(cfg)
+
+
+def test_unknown_model_id_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="unknown model"):
+        load_model("no-such-model")
+
+
+def test_inference_has_no_backward_or_optimizer() -> None:
+    graph = build_ops(load_model("tiny-gpt"), Workload(batch=2, seq=64, mode="inf"))
+    assert {op.phase for op in graph.ops} == {Phase.FORWARD}
+    assert not any(op.kernel.op == "dropout" for op in graph.ops)
