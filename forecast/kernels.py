@@ -7,6 +7,8 @@ without renaming:
   reduction dimension.
 * ``linear``: dims ``(B, M, N, K)``: input ``(B*M, N)``, ``nn.Linear(N, K, bias=True)``,
   output ``(B*M, K)``; ``N`` is the reduction dimension. The data always has ``B = 1``.
+* ``attention``: dims ``(BH, S_q, S_kv, D)``: batch x heads, query and key/value sequence
+  lengths, head dim; a non-causal flash-attention forward (Q, K, V, O in HBM, no S matrix).
 * ``elementwise``, ``softmax``, ``layernorm``, ``memory``: dims ``(B, H)``, a tensor of
   ``B`` rows of ``H`` elements; softmax and layer norm normalise over ``H``.
 
@@ -29,6 +31,7 @@ class OpFamily(StrEnum):
     SOFTMAX = "softmax"
     LAYERNORM = "layernorm"
     MEMORY = "memory"
+    ATTENTION = "attention"
 
 
 class Dtype(StrEnum):
@@ -86,6 +89,7 @@ FAMILY_OPS: dict[OpFamily, tuple[str, ...]] = {
     OpFamily.SOFTMAX: ("softmax",),
     OpFamily.LAYERNORM: ("layernorm",),
     OpFamily.MEMORY: tuple(MEMORY_OPS),
+    OpFamily.ATTENTION: ("attention",),
 }
 
 # FLOPs per element of the row families other than element-wise.
@@ -126,9 +130,10 @@ class KernelSpec:
     op: str = ""
 
     def __post_init__(self) -> None:
-        expected = 4 if self.family in GEMM_FAMILIES else 2
+        attention = self.family is OpFamily.ATTENTION
+        expected = 4 if self.family in GEMM_FAMILIES or attention else 2
         if len(self.dims) != expected:
-            names = "B,M,N,K" if expected == 4 else "B,H"
+            names = "BH,S_q,S_kv,D" if attention else "B,M,N,K" if expected == 4 else "B,H"
             raise ValueError(
                 f"{self.family.value} takes {expected} dims ({names}), got {len(self.dims)}"
             )
@@ -152,6 +157,9 @@ class KernelSpec:
             B, M, N, K = self.dims
             bias = B * M * K if self.family is OpFamily.LINEAR else 0
             return float(2 * B * M * N * K + bias)
+        if self.family is OpFamily.ATTENTION:
+            bh, s_q, s_kv, d = self.dims
+            return float(4 * bh * s_q * s_kv * d)  # Q K^T and P V, 2 FLOPs per FMA
         B, H = self.dims
         if self.family is OpFamily.ELEMENTWISE:
             per_elem = ELEMENTWISE_OPS[self.op][1]
@@ -168,6 +176,9 @@ class KernelSpec:
         if self.family is OpFamily.LINEAR:
             B, M, N, K = self.dims
             return float(s * (B * M * N + N * K + K + B * M * K))
+        if self.family is OpFamily.ATTENTION:
+            bh, s_q, s_kv, d = self.dims
+            return float(s * bh * d * (2 * s_q + 2 * s_kv))  # read Q, K, V; write O
         B, H = self.dims
         if self.family is OpFamily.ELEMENTWISE:
             reads, _ = ELEMENTWISE_OPS[self.op]
