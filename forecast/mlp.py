@@ -48,3 +48,31 @@ class TileMLP(nn.Module):
         """Log ratio of latency to base time, shape (n,)."""
         z = (torch.minimum(torch.maximum(x, self.lo), self.hi) - self.mean) / self.std
         return self.net(z).squeeze(-1)
+
+
+class TileEnsemble(nn.Module):
+    """Members trained from different seeds; predicts the mean of their log ratios.
+
+    With five training GPUs a single MLP's extrapolation to a new GPU varies a lot with its
+    seed; the mean of a few members varies far less.
+    """
+
+    def __init__(self, n_features: int, *, members: int) -> None:
+        super().__init__()
+        self.members = nn.ModuleList(TileMLP(n_features) for _ in range(members))
+
+    @property
+    def lo(self) -> torch.Tensor:
+        """Lower edge of the training range of the inputs."""
+        first: TileMLP = self.members[0]  # type: ignore[assignment]
+        return first.lo
+
+    @property
+    def hi(self) -> torch.Tensor:
+        """Upper edge of the training range of the inputs."""
+        first: TileMLP = self.members[0]  # type: ignore[assignment]
+        return first.hi
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Mean log ratio over the members, shape (n,)."""
+        return torch.stack([m(x) for m in self.members]).mean(dim=0)

@@ -22,7 +22,7 @@ import torch
 from forecast.features import build_features, feature_names
 from forecast.gpus import GPUSpec
 from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, OpFamily
-from forecast.mlp import TileMLP
+from forecast.mlp import TileEnsemble
 from forecast.tilepick import TilePicker, TileTable
 
 WEIGHTS_DIR = Path(__file__).parent / "data" / "weights"
@@ -50,7 +50,7 @@ class MemoryModel:
 class TileMLPModel:
     """The tile-level MLP latency model (NeuSight's method, with the fixes of this project)."""
 
-    mlps: dict[OpFamily, TileMLP]
+    mlps: dict[OpFamily, TileEnsemble]
     picker: TilePicker
     memory: MemoryModel = field(default_factory=MemoryModel)
     meta: dict[str, Any] = field(default_factory=dict)
@@ -122,10 +122,10 @@ class TileMLPModel:
         if not meta_path.is_file():
             raise ModelError(f"no trained weights in {d}; run `tilesim kernels train`")
         meta = json.loads(meta_path.read_text())
-        mlps: dict[OpFamily, TileMLP] = {}
+        mlps: dict[OpFamily, TileEnsemble] = {}
         for fam_name, names in meta["families"].items():
             family = OpFamily(fam_name)
-            net = TileMLP(len(names))
+            net = TileEnsemble(len(names), members=int(meta.get("members", 1)))
             net.load_state_dict(torch.load(d / f"{fam_name}.pt", weights_only=True))
             net.eval()
             mlps[family] = net

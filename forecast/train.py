@@ -29,11 +29,12 @@ from forecast.dataset import (
 from forecast.features import FeatureBatch, build_features
 from forecast.gpus import load_gpu
 from forecast.kernels import GEMM_FAMILIES, OpFamily
-from forecast.mlp import TileMLP
+from forecast.mlp import TileEnsemble, TileMLP
 from forecast.tile_mlp import MemoryModel, TileMLPModel
 from forecast.tilepick import TilePicker, TileTable, build_tile_table
 
 SEED = 0
+MEMBERS = 5  # ensemble members per family, seeds SEED .. SEED + MEMBERS - 1
 EPOCHS = {OpFamily.BMM: 20, OpFamily.LINEAR: 40}
 DEFAULT_EPOCHS = 80
 BATCH = 1024
@@ -121,8 +122,8 @@ def fit_mlp(
 
 def fit_family(
     meas: Measurements, family: OpFamily, picker: TilePicker, devices: Sequence[str]
-) -> TileMLP:
-    """One family's MLP on the given training devices."""
+) -> TileEnsemble:
+    """One family's ensemble of MLPs on the given training devices."""
     batches = device_batches(meas, family, picker, devices)
     xs, ys, ws = [], [], []
     for fb, rows in batches.values():
@@ -130,7 +131,12 @@ def fit_family(
         ys.append(np.log(rows["latency_s"].to_numpy() / fb.base_s))
         ws.append(_row_weights(rows))
     epochs = EPOCHS.get(family, DEFAULT_EPOCHS)
-    return fit_mlp(np.concatenate(xs), np.concatenate(ys), np.concatenate(ws), epochs=epochs)
+    x, y, w = np.concatenate(xs), np.concatenate(ys), np.concatenate(ws)
+    ens = TileEnsemble(x.shape[1], members=MEMBERS)
+    for i in range(MEMBERS):
+        ens.members[i] = fit_mlp(x, y, w, epochs=epochs, seed=SEED + i)
+    ens.eval()
+    return ens
 
 
 def fit_memory_model(meas: Measurements, devices: Sequence[str]) -> MemoryModel:
@@ -174,5 +180,10 @@ def train_model(
     if OpFamily.ELEMENTWISE in meas:
         memory = fit_memory_model(meas[OpFamily.ELEMENTWISE], devices)
     files = [p for f in fams for p in neusight_files(data_dir, f)]
-    meta = {"train_devices": list(devices), "data_sha256": data_hash(files), "seed": SEED}
+    meta = {
+        "train_devices": list(devices),
+        "data_sha256": data_hash(files),
+        "seed": SEED,
+        "members": MEMBERS,
+    }
     return TileMLPModel(mlps=mlps, picker=picker, memory=memory, meta=meta)

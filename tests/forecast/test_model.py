@@ -45,13 +45,16 @@ def test_mlp_clamps_inputs_to_training_range() -> None:
 
 def _toy_model() -> TileMLPModel:
     from forecast.features import feature_names
-    from forecast.mlp import TileMLP
+    from forecast.mlp import TileEnsemble
 
     torch.manual_seed(0)
-    mlps = {f: TileMLP(len(feature_names(f))) for f in OpFamily if f is not OpFamily.MEMORY}
+    fams = [f for f in OpFamily if f is not OpFamily.MEMORY]
+    mlps = {f: TileEnsemble(len(feature_names(f)), members=2) for f in fams}
     table = TileTable("tiny", 8.0, 10, np.zeros((1, 4), np.float32), np.array([[128, 64, 1]]))
     picker = TilePicker({"bmm": [table], "linear": [table]})
-    return TileMLPModel(mlps=mlps, picker=picker, memory=MemoryModel(0.5, 1e-6))
+    return TileMLPModel(
+        mlps=mlps, picker=picker, memory=MemoryModel(0.5, 1e-6), meta={"members": 2}
+    )
 
 
 def _kernels() -> list[KernelSpec]:
