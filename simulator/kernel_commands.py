@@ -15,6 +15,7 @@ from forecast.evaluate import score, validate
 from forecast.gpus import load_gpu
 from forecast.kernels import Dtype, KernelSpec, family_of_op
 from forecast.predict import LATENCY_MODELS, load_latency_model
+from forecast.report import TABLE_BEGIN, TABLE_END, replace_table, validation_markdown
 from forecast.tile_mlp import WEIGHTS_DIR, ModelError
 from simulator.errors import ConfigError
 
@@ -52,6 +53,11 @@ def add_kernel_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     v.add_argument("--out", type=Path, default=VALIDATION_FILE, help="JSON report to write")
     v.add_argument("--no-logo", action="store_true", help="skip leave-one-GPU-out (5 retrains)")
     v.set_defaults(handler=_validate)
+
+    tb = ks.add_parser("table", help="print the validation table; --readme rewrites it in place")
+    tb.add_argument("--report", type=Path, default=VALIDATION_FILE, help="validation JSON")
+    tb.add_argument("--readme", type=Path, default=None, help="README to update in place")
+    tb.set_defaults(handler=_table)
 
 
 def _parse_dims(text: str) -> tuple[int, ...]:
@@ -122,6 +128,23 @@ def _train(args: argparse.Namespace) -> int:
     model = train_model(args.data or default_data_dir())
     model.save(args.out)
     print(f"wrote weights to {args.out}")
+    return 0
+
+
+def _table(args: argparse.Namespace) -> int:
+    try:
+        report = json.loads(args.report.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--report {args.report}: {e}; run `tilesim kernels validate`") from e
+    table = validation_markdown(report)
+    if args.readme is None:
+        print(table)
+        return 0
+    text = args.readme.read_text()
+    if TABLE_BEGIN not in text or TABLE_END not in text:
+        raise ConfigError(f"--readme {args.readme}: markers {TABLE_BEGIN!r} ... not found")
+    args.readme.write_text(replace_table(text, table))
+    print(f"updated {args.readme}")
     return 0
 
 

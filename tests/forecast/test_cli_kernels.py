@@ -1,0 +1,102 @@
+"""`tilesim kernels ...`: JSON output, scoring files, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from simulator.cli import main
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("model", ["tile-mlp", "roofline"])
+def test_predict_prints_latency_json(capsys: pytest.CaptureFixture[str], model: str) -> None:
+    args = ("kernels", "predict", "--gpu", "l4", "--op", "bmm", "--dims", "8,512,64,512")
+    code, out, _ = _run(capsys, *args, "--model", model, "--json")
+    assert code == 0
+    latency = json.loads(out)["latency_s"]
+    assert 1e-6 < latency < 1.0
+
+
+def test_predict_is_monotone_in_work(capsys: pytest.CaptureFixture[str]) -> None:
+    times = []
+    for b in (64, 1024):
+        args = ("kernels", "predict", "--gpu", "a100-pcie-80gb", "--op", "linear")
+        _, out, _ = _run(capsys, *args, "--dims", f"1,{b * 16},4096,4096", "--json")
+        times.append(json.loads(out)["latency_s"])
+    assert times[1] > 4 * times[0]
+
+
+def test_predict_reads_a_neusight_device_sheet(
+    capsys: pytest.CaptureFixture[str], neusight_dir: Path
+) -> None:
+    sheet = neusight_dir / "devices" / "NVIDIA_L4.json"
+    args = ("kernels", "predict", "--gpu", str(sheet), "--op", "softmax", "--dims", "4096,1024")
+    code, out, _ = _run(capsys, *args, "--json")
+    assert code == 0 and json.loads(out)["latency_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--op", "conv9d", "--dims", "1,2"], "--op"),
+        (["--op", "bmm", "--dims", "1,-2,3,4"], "positive"),
+        (["--op", "bmm", "--dims", "1,0,3,4"], "positive"),
+        (["--op", "bmm", "--dims", "a,b"], "--dims"),
+        (["--op", "bmm", "--dims", "1,2,3,4", "--dtype", "fp64"], "--dtype"),
+        (["--op", "bmm", "--dims", "1,2,3,4", "--model", "oracle"], "--model"),
+    ],
+)
+def test_bad_predict_input_is_one_line_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], needle: str
+) -> None:
+    code, out, err = _run(capsys, "kernels", "predict", "--gpu", "t4", *argv)
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1 and needle in err and "Traceback" not in err
+
+
+def test_unknown_gpu_lists_the_catalog(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("kernels", "predict", "--gpu", "z9000", "--op", "bmm", "--dims", "1,2,3,4")
+    code, _, err = _run(capsys, *args)
+    assert code == 2 and "h100-sxm5-80gb" in err
+
+
+def test_eval_scores_and_lists_skipped_rows(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    csv = tmp_path / "m.csv"
+    csv.write_text(
+        "OPName,Latency,Device,B,M,N,K,H\n"
+        "bmm,0.05,NVIDIA L4,8,256,64,256,\n"
+        "gelu,0.02,NVIDIA L4,1024,,,,1024\n"
+        "gelu,0.02,Some Future GPU,1024,,,,1024\n"
+        "conv,0.02,NVIDIA L4,1,1,1,1,\n"
+    )
+    code, out, _ = _run(capsys, "kernels", "eval", "--csv", str(csv), "--json")
+    result = json.loads(out)
+    assert code == 0
+    assert result["bmm"]["n"] == 1 and result["elementwise"]["n"] == 1
+    assert {s["row"] for s in result["skipped"]} == {2, 3}
+    assert {"n", "mape_pct", "median_ape_pct", "p90_ape_pct"} <= set(result["bmm"])
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [("OPName,Device\nbmm,x\n", "Latency"), (None, "no such file")],
+)
+def test_bad_eval_file_is_one_line_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str | None, needle: str
+) -> None:
+    csv = tmp_path / "bad.csv"
+    if content is not None:
+        csv.write_text(content)
+    code, _, err = _run(capsys, "kernels", "eval", "--csv", str(csv), "--json")
+    assert code == 2 and needle in err and err.count("\n") == 1
