@@ -1,0 +1,341 @@
+"""TensorCoreModel: an analytic tile/wave model of tensor-core GEMMs and flash attention.
+
+GEMM (bmm, linear) in tf32/fp16/bf16/fp8, the way CUTLASS/cuBLAS kernels run them:
+
+* the output is cut into CTA tiles (``TILES``: 256x128 ... 64x64), one CTA per SM at a
+  time; the reduction is walked in k-tiles of 64 bytes (Ampere) or 128 bytes (Hopper and
+  later) a row, so K is rounded up to a k-tile; small outputs may split K (2 or 4 ways);
+* waves = ceil(CTAs / SMs): a partial last wave costs a whole wave (wave quantisation);
+* a CTA's main loop runs at ``peak / SMs x level x tile_efficiency``: ``level`` is the
+  achieved fraction of the catalog's dense peak, smaller tiles re-read more operands per
+  FLOP (``small_tile_penalty``), and each tile pays ``tile_overhead_cycles`` (pipeline
+  fill of its first k-tiles and the epilogue);
+* fp8 pays the FP32 promotion of its accumulators: every 128 reduction elements (CUTLASS's
+  default promotion interval, without "fast accumulation") each accumulator gets one FADD
+  on the CUDA cores, which costs ``peak_fp8 / (128 x peak_fp32)`` of the main loop;
+* compute and DRAM time combine as a p-norm (``overlap_exponent``; p -> inf is max);
+  fp8 GEMMs write bf16 outputs.
+
+Attention (flash-attention 2 forward, non-causal): per CTA of 128 query rows, every element
+of S costs ``4 D`` tensor-core FLOPs (QK^T, PV) plus one exp on the special-function
+units (16 per SM per clock) and about 5 FP32 ops; softmax work overlaps partly with the
+MMAs (``fa_softmax_weight``). FA2 uses ``mma.sync``, which reaches about 2/3 of the tensor
+peak on Hopper (FlashAttention-3 paper, section 1).
+
+The fitted constants live in ``data/tensor_core.toml``, written by `calibrate` from
+measurements only (``shared/data/hardware/microbenchmarks.json``; H100 records are never
+read: H100 is the project's blind held-out GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+import forecast
+from forecast.gpus import GPUSpec, load_gpu
+from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, OpFamily
+
+F64 = npt.NDArray[np.float64]
+PARAMS_FILE = Path(__file__).parent / "data" / "tensor_core.toml"
+TENSOR_DTYPES = frozenset({Dtype.TF32, Dtype.FP16, Dtype.BF16, Dtype.FP8})
+ATTENTION_DTYPES = frozenset({Dtype.FP16, Dtype.BF16})
+TILES = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
+SPLITS = (1, 2, 4)
+FP8_PROMOTION_ELEMS = 128  # CUTLASS sm90 FP8 mma_promotion_interval (4 MMAs of k=32)
+MUFU_PER_CLK_PER_SM = 16.0  # CUDA programming guide, throughput table (cc 8.x, 9.0)
+SOFTMAX_FP32_OPS = 5.0  # scale-and-subtract FFMA, max, sum, rescale, convert
+FA_BLOCK_M = 128
+SPLIT_ACC_BYTES = 4  # split-K partials are fp32
+
+
+class TensorCoreError(ValueError):
+    """A kernel this model cannot forecast (family or dtype); the message names the fix."""
+
+
+@dataclass(frozen=True)
+class TCParams:
+    """Calibrated constants (see module docstring); SI units or dimensionless."""
+
+    level: float = 0.8
+    launch_s: float = 4e-6
+    tile_overhead_cycles: float = 1000.0
+    small_tile_penalty: float = 0.1
+    overlap_exponent: float = 2.0
+    hbm_efficiency: float = 0.85
+    fa_softmax_weight: float = 0.5
+    fp8_promotion_overlap: float = 0.0  # prior: promotion FADDs not hidden behind MMAs
+    calibrated_on: str = "defaults"
+
+
+def load_params(path: Path = PARAMS_FILE) -> TCParams:
+    """Read calibrated constants from TOML (defaults when the file is absent)."""
+    if not path.is_file():
+        return TCParams()
+    with path.open("rb") as f:
+        raw = tomllib.load(f)
+    return TCParams(**raw["params"])
+
+
+def save_params(params: TCParams, path: Path, comment: str) -> None:
+    """Write constants as TOML with a provenance comment."""
+    lines = [f"# {line}" for line in comment.splitlines()] + ["", "[params]"]
+    for key, value in asdict(params).items():
+        lines.append(f'{key} = "{value}"' if isinstance(value, str) else f"{key} = {value!r}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _is_hopper_or_later(gpu: GPUSpec) -> bool:
+    try:
+        return float(gpu.compute_capability) >= 9.0
+    except ValueError:
+        return False
+
+
+def fp8_factor(gpu: GPUSpec, params: TCParams) -> float:
+    """Main-loop slowdown of fp8 from FP32 promotion of the accumulators (<= 1)."""
+    ratio = gpu.peak_for(Dtype.FP8) / (FP8_PROMOTION_ELEMS * gpu.peak_for(Dtype.FP32))
+    return 1.0 / (1.0 + ratio * (1.0 - params.fp8_promotion_overlap))
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """Batched GEMMs in output/reduction terms: batch x (rows x cols), reduction ``red``."""
+
+    batch: F64
+    rows: F64
+    cols: F64
+    red: F64
+    itemsize: F64  # input bytes per element
+    dram_bytes: F64  # inputs read once, output written once
+    flops_per_clk: F64  # achieved main-loop FLOPs per clock per SM (level and dtype applied)
+
+
+def sm_flops_per_clk(gpu: GPUSpec, dtype: Dtype, params: TCParams) -> float:
+    """Main-loop FLOPs per clock of one SM: catalog peak x level (x fp8 promotion)."""
+    rate = gpu.peak_for(dtype) / (gpu.num_sms * gpu.boost_clock_hz) * params.level
+    return rate * fp8_factor(gpu, params) if dtype is Dtype.FP8 else rate
+
+
+def gemm_shape(kernels: list[KernelSpec], gpu: GPUSpec, params: TCParams) -> GemmShape:
+    """bmm (B,M,N,K): B x (M x K), reduce N; linear (B,M,N,K): (B*M x K), reduce N."""
+    d = np.array([k.dims for k in kernels], dtype=np.float64)
+    linear = np.array([k.family is OpFamily.LINEAR for k in kernels])
+    batch = np.where(linear, 1.0, d[:, 0])
+    rows = np.where(linear, d[:, 0] * d[:, 1], d[:, 1])
+    item = np.array([k.itemsize_bytes for k in kernels], dtype=np.float64)
+    out_item = np.array([2.0 if k.dtype is Dtype.FP8 else k.itemsize_bytes for k in kernels])
+    dram = batch * (item * (rows * d[:, 2] + d[:, 2] * d[:, 3]) + out_item * rows * d[:, 3])
+    rate = np.array([sm_flops_per_clk(gpu, k.dtype, params) for k in kernels])
+    return GemmShape(batch, rows, d[:, 3], d[:, 2], item, dram, rate)
+
+
+def _combine_s(compute_s: F64, memory_s: F64, params: TCParams) -> F64:
+    p = params.overlap_exponent
+    return np.asarray((compute_s**p + memory_s**p) ** (1.0 / p), dtype=np.float64)
+
+
+def gemm_latency_s(shape: GemmShape, gpu: GPUSpec, params: TCParams) -> F64:
+    """Seconds of each GEMM at its fastest (tile, split-K) choice."""
+    k_tile = (128.0 if _is_hopper_or_later(gpu) else 64.0) / shape.itemsize
+    pen = params.small_tile_penalty
+    bw = gpu.hbm_bw_bytes_per_s * params.hbm_efficiency
+    best = np.full(len(shape.rows), np.inf)
+    for tm, tn in TILES:
+        eff = (1.0 + pen * (64 / 256 + 64 / 128)) / (1.0 + pen * (64 / tm + 64 / tn))
+        for split in SPLITS:
+            ctas = shape.batch * np.ceil(shape.rows / tm) * np.ceil(shape.cols / tn) * split
+            k_len = np.ceil(shape.red / split / k_tile) * k_tile
+            tile_cycles = 2.0 * tm * tn * k_len / (shape.flops_per_clk * eff)
+            waves = np.ceil(ctas / gpu.num_sms)
+            compute_s = waves * (tile_cycles + params.tile_overhead_cycles) / gpu.boost_clock_hz
+            partials = 0.0 if split == 1 else 2.0 * split * SPLIT_ACC_BYTES
+            nbytes = shape.dram_bytes + partials * shape.batch * shape.rows * shape.cols
+            best = np.minimum(best, _combine_s(compute_s, nbytes / bw, params))
+    return np.asarray(params.launch_s + best, dtype=np.float64)
+
+
+def attention_latency_s(kernels: list[KernelSpec], gpu: GPUSpec, params: TCParams) -> F64:
+    """Seconds of flash-attention-2 forwards (dims BH, S_q, S_kv, D)."""
+    d = np.array([k.dims for k in kernels], dtype=np.float64)
+    bh, s_q, s_kv, head = d[:, 0], d[:, 1], d[:, 2], d[:, 3]
+    mma_frac = 2.0 / 3.0 if _is_hopper_or_later(gpu) else 1.0  # mma.sync on Hopper
+    rate = np.array([sm_flops_per_clk(gpu, k.dtype, params) for k in kernels]) * mma_frac
+    softmax_clk = 1.0 / MUFU_PER_CLK_PER_SM + SOFTMAX_FP32_OPS / gpu.fp32_lanes_per_sm
+    clk_per_elem = 4.0 * head / rate + params.fa_softmax_weight * softmax_clk
+    waves = np.ceil(bh * np.ceil(s_q / FA_BLOCK_M) / gpu.num_sms)
+    cta_cycles = FA_BLOCK_M * s_kv * clk_per_elem + params.tile_overhead_cycles
+    compute_s = waves * cta_cycles / gpu.boost_clock_hz
+    nbytes = np.array([k.bytes() for k in kernels], dtype=np.float64)
+    memory_s = nbytes / (gpu.hbm_bw_bytes_per_s * params.hbm_efficiency)
+    return np.asarray(params.launch_s + _combine_s(compute_s, memory_s, params), np.float64)
+
+
+class TensorCoreModel:
+    """Tensor-core GEMM (bmm, linear) and attention latency; satisfies `LatencyModel`."""
+
+    name = "tensor-core"
+
+    def __init__(self, params: TCParams | None = None) -> None:
+        self.params = params or load_params()
+
+    def predict_s(self, kernels: list[KernelSpec], gpu: GPUSpec) -> F64:
+        """Seconds per kernel, in input order; unsupported family/dtype/GPU pairs raise."""
+        out = np.empty(len(kernels), dtype=np.float64)
+        gemm = [i for i, k in enumerate(kernels) if k.family in GEMM_FAMILIES]
+        attn = [i for i, k in enumerate(kernels) if k.family is OpFamily.ATTENTION]
+        for k in kernels:
+            _check(k, gpu)
+        if gemm:
+            batch = [kernels[i] for i in gemm]
+            out[gemm] = gemm_latency_s(gemm_shape(batch, gpu, self.params), gpu, self.params)
+        if attn:
+            out[attn] = attention_latency_s([kernels[i] for i in attn], gpu, self.params)
+        return out
+
+
+def _check(k: KernelSpec, gpu: GPUSpec) -> None:
+    if k.family is OpFamily.ATTENTION:
+        if k.dtype not in ATTENTION_DTYPES:
+            raise TensorCoreError(f"attention is modelled in fp16/bf16, not {k.dtype.value}")
+    elif k.family not in GEMM_FAMILIES:
+        raise TensorCoreError(f"{k.family.value} does not run on tensor cores; route it elsewhere")
+    elif k.dtype not in TENSOR_DTYPES:
+        raise TensorCoreError(
+            f"{k.dtype.value} is not a tensor-core dtype; use one of "
+            + ", ".join(sorted(d.value for d in TENSOR_DTYPES))
+        )
+    gpu.peak_for(k.dtype)  # GPUError for pairs the GPU lacks (fp8 on A100)
+    if k.dtype is Dtype.FP8:
+        gpu.peak_for(Dtype.FP32)
+
+
+# --- calibration: measurements only ---------------------------------------------------------
+
+DEFAULT_DATA_DIR = Path(forecast.__file__).resolve().parents[2] / "shared" / "data" / "hardware"
+BLIND_GPU = "h100"  # never calibrated on, tuned to or reported as validation
+FA_BENCH_MODEL_DIM = 2048  # flash-attention's benchmark script: heads = 2048 / head_dim
+FITTED = {
+    "level": (0.4, 1.0),
+    "launch_s": (0.5e-6, 15e-6),
+    "tile_overhead_cycles": (0.0, 8000.0),
+    "small_tile_penalty": (0.0, 1.0),
+    "overlap_exponent": (1.0, 8.0),
+}
+FA_FITTED = {"fa_softmax_weight": (0.0, 3.0)}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured kernel: GPU id, kernel, achieved TFLOP/s, and a short label."""
+
+    gpu_id: str
+    kernel: KernelSpec
+    measured_tflops: float
+    label: str
+
+
+def benchmark_cases(data_dir: Path = DEFAULT_DATA_DIR) -> tuple[list[Case], dict[str, float]]:
+    """GEMM and flash-attention cases of microbenchmarks.json, and HBM efficiency per GPU."""
+    records = json.loads((data_dir / "microbenchmarks.json").read_text())
+    cases: list[Case] = []
+    hbm: dict[str, float] = {}
+    for rec in records:
+        gpu_id = str(rec["gpu"])
+        if BLIND_GPU in gpu_id.lower():
+            continue
+        for g in rec.get("gemm_cublaslt", []):
+            m, n, k = int(g["m"]), int(g["n"]), int(g["k"])
+            kernel = KernelSpec(OpFamily.BMM, (1, m, k, n), Dtype(g["dtype"]))  # reduce k
+            cases.append(Case(gpu_id, kernel, float(g["tflops"]), f"gemm {m}x{n}x{k}"))
+        fa = rec.get("flash_attention_2")
+        if fa:
+            hd, seq = int(fa["head_dim"]), int(fa["seq_len"])
+            bh = int(fa["batch"]) * FA_BENCH_MODEL_DIM // hd
+            kernel = KernelSpec(OpFamily.ATTENTION, (bh, seq, seq, hd), Dtype.FP16)
+            cases.append(Case(gpu_id, kernel, float(fa["tflops"]), f"fa2 d{hd} s{seq} bh{bh}"))
+        stream = rec.get("hbm_stream_TBps", {}).get("triad")
+        if stream:
+            hbm[gpu_id] = float(stream) * 1e12 / load_gpu(gpu_id).hbm_bw_bytes_per_s
+    return cases, hbm
+
+
+def predicted_tflops(cases: list[Case], params: TCParams) -> F64:
+    """Achieved TFLOP/s the model predicts for each case."""
+    model = TensorCoreModel(params)
+    out = np.empty(len(cases), dtype=np.float64)
+    for gpu_id in sorted({c.gpu_id for c in cases}):
+        idx = [i for i, c in enumerate(cases) if c.gpu_id == gpu_id]
+        kernels = [cases[i].kernel for i in idx]
+        seconds = model.predict_s(kernels, load_gpu(gpu_id))
+        out[idx] = np.array([k.flops() for k in kernels]) / seconds / 1e12
+    return out
+
+
+def _log_loss(cases: list[Case]) -> Callable[[TCParams], float]:
+    measured = np.array([c.measured_tflops for c in cases])
+    return lambda p: float(np.mean(np.log(predicted_tflops(cases, p) / measured) ** 2))
+
+
+def _fit(
+    loss: Callable[[TCParams], float], params: TCParams, bounds: dict[str, tuple[float, float]]
+) -> TCParams:
+    """Coordinate descent on shrinking grids (8 rounds, 21 points a parameter)."""
+    for rnd in range(8):
+        for name, (lo, hi) in bounds.items():
+            half = (hi - lo) / 2.0 ** (rnd + 1)
+            cur = float(getattr(params, name))
+            grid = np.unique(np.clip(np.linspace(cur - half, cur + half, 21), lo, hi))
+            changes: list[dict[str, Any]] = [{name: float(v)} for v in grid]
+            trials = [replace(params, **c) for c in changes]
+            params = trials[int(np.argmin([loss(t) for t in trials]))]
+    return params
+
+
+def calibrate(
+    data_dir: Path = DEFAULT_DATA_DIR, *, holdout: str | None = None, out: Path | None = None
+) -> TCParams:
+    """Fit the constants on every non-H100 GPU of microbenchmarks.json but ``holdout``."""
+    cases, hbm = benchmark_cases(data_dir)
+    used = [c for c in cases if c.gpu_id != holdout]
+    gpus = sorted({c.gpu_id for c in used})
+    params = TCParams(
+        hbm_efficiency=float(np.mean([hbm[g] for g in gpus if g in hbm] or [0.85])),
+        calibrated_on=",".join(gpus),
+    )
+    gemm = [c for c in used if c.kernel.family is not OpFamily.ATTENTION]
+    params = _fit(_log_loss(gemm), params, FITTED)
+    attn = [c for c in used if c.kernel.family is OpFamily.ATTENTION]
+    if attn:
+        params = _fit(_log_loss(attn), params, FA_FITTED)
+    if out is not None:
+        note = "Written by forecast.tensor_core.calibrate from microbenchmarks.json"
+        held = f"held out: {holdout}" if holdout else "nothing held out"
+        save_params(params, out, f"{note}\nCalibrated on: {params.calibrated_on}; {held}; no H100.")
+    return params
+
+
+def validation_rows(params: TCParams, data_dir: Path = DEFAULT_DATA_DIR) -> list[dict[str, object]]:
+    """Every case with measured and predicted TFLOP/s, error, and whether it was calibrated on."""
+    cases, _ = benchmark_cases(data_dir)
+    pred = predicted_tflops(cases, params)
+    used = set(params.calibrated_on.split(","))
+    return [
+        {
+            "gpu": c.gpu_id,
+            "case": c.label,
+            "dtype": c.kernel.dtype.value,
+            "split": "calibration" if c.gpu_id in used else "holdout",
+            "measured_tflops": c.measured_tflops,
+            "predicted_tflops": round(float(p), 1),
+            "error_pct": round(float(p / c.measured_tflops - 1.0) * 100.0, 1),
+        }
+        for c, p in zip(cases, pred, strict=True)
+    ]
