@@ -37,9 +37,24 @@ def _tile_mlp(weights_dir: Path | None) -> LatencyModel:
     return TileMLPModel.load(weights_dir)
 
 
+def _auto(weights_dir: Path | None) -> LatencyModel:
+    """fp32 kernels via tile-mlp, tensor-core dtypes via the tensor-core/bandwidth models."""
+    from forecast.dtype_router import DtypeRouter
+
+    return DtypeRouter(lambda: _tile_mlp(weights_dir))
+
+
+def _tensor_core(_weights: Path | None) -> LatencyModel:
+    from forecast.tensor_core import TensorCoreModel
+
+    return TensorCoreModel()
+
+
 LATENCY_MODELS: dict[str, Callable[[Path | None], LatencyModel]] = {
     "roofline": lambda _weights: RooflineModel(),
     "tile-mlp": _tile_mlp,
+    "auto": _auto,
+    "tensor-core": _tensor_core,
 }
 
 

@@ -1,0 +1,86 @@
+"""DtypeRouter: one `LatencyModel` that sends each kernel to the model that knows its dtype.
+
+* fp32 kernels (CUDA cores; every NeuSight measurement) -> the given fp32 model
+  (tile-mlp or roofline), unchanged;
+* bmm/linear/attention in tf32, fp16, bf16, fp8 -> `TensorCoreModel`;
+* element-wise, softmax, layer norm and memory kernels in the other dtypes -> a bandwidth
+  model: launch time plus ``KernelSpec.bytes()`` (which scales with the dtype's itemsize)
+  over the achieved fraction of HBM bandwidth (the calibrated STREAM fraction).
+
+Registered in `forecast.predict.LATENCY_MODELS` as ``auto`` (fp32 via tile-mlp).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from forecast.gpus import GPUSpec
+from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, OpFamily
+from forecast.predict import LatencyModel
+from forecast.tensor_core import TensorCoreModel, load_params
+
+TENSOR_FAMILIES = frozenset({*GEMM_FAMILIES, OpFamily.ATTENTION})
+
+
+@dataclass
+class BandwidthModel:
+    """Memory-bound kernels: ``launch_s + bytes / (efficiency x HBM bandwidth)``."""
+
+    efficiency: float
+    launch_s: float = 3e-6
+    name: str = "bandwidth"
+
+    def predict_s(self, kernels: list[KernelSpec], gpu: GPUSpec) -> npt.NDArray[np.float64]:
+        """Seconds per kernel, in input order."""
+        nbytes = np.array([k.bytes() for k in kernels], dtype=np.float64)
+        return np.asarray(
+            self.launch_s + nbytes / (self.efficiency * gpu.hbm_bw_bytes_per_s), np.float64
+        )
+
+
+class DtypeRouter:
+    """fp32 -> the fp32 model; tensor-core dtypes -> tensor-core or bandwidth model."""
+
+    name = "auto"
+
+    def __init__(
+        self,
+        fp32_loader: Callable[[], LatencyModel],
+        *,
+        tensor_core: TensorCoreModel | None = None,
+        bandwidth: BandwidthModel | None = None,
+    ) -> None:
+        self._fp32_loader = fp32_loader
+        self._fp32: LatencyModel | None = None
+        self.tensor_core = tensor_core or TensorCoreModel()
+        self.bandwidth = bandwidth or BandwidthModel(load_params().hbm_efficiency)
+
+    def route(self, kernel: KernelSpec) -> str:
+        """Which model serves a kernel: ``fp32``, ``tensor-core`` or ``bandwidth``."""
+        if kernel.dtype is Dtype.FP32 and kernel.family is not OpFamily.ATTENTION:
+            return "fp32"
+        return "tensor-core" if kernel.family in TENSOR_FAMILIES else "bandwidth"
+
+    def model_for(self, route: str) -> LatencyModel:
+        """The model of a route; the fp32 model is loaded on first use."""
+        if route == "tensor-core":
+            return self.tensor_core
+        if route == "bandwidth":
+            return self.bandwidth
+        if self._fp32 is None:
+            self._fp32 = self._fp32_loader()
+        return self._fp32
+
+    def predict_s(self, kernels: list[KernelSpec], gpu: GPUSpec) -> npt.NDArray[np.float64]:
+        """Seconds per kernel, in input order; one batched call per routed model."""
+        out = np.empty(len(kernels), dtype=np.float64)
+        routes = [self.route(k) for k in kernels]
+        for route in ("fp32", "tensor-core", "bandwidth"):
+            idx = [i for i, r in enumerate(routes) if r == route]
+            if idx:
+                out[idx] = self.model_for(route).predict_s([kernels[i] for i in idx], gpu)
+        return out
