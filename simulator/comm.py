@@ -1,0 +1,110 @@
+"""Communication of one step: what each collective moves, priced by `topologies`.
+
+Bytes per collective (nccl-tests size S; ``A = micro_batch * seq/cp * hidden * itemsize``):
+
+* TP, per layer and micro-batch (Megatron column/row split): forward 2 all-reduces of ``A``;
+  backward 2 more. With sequence parallelism each all-reduce becomes an all-gather plus a
+  reduce-scatter of ``A`` (same bytes on the wire, norms on ``1/tp`` of the tokens). The
+  vocabulary-parallel embedding adds one forward all-reduce of ``A``. Blocking (not overlapped).
+* CP (ring attention), per layer: all-gather of K and V forward, reduce-scatter of their
+  gradients backward; overlapped with the attention core, only the excess is exposed.
+* EP (MoE), per MoE layer: 2 all-to-alls of ``A * experts_per_token`` forward, 2 backward.
+* PP: one send-recv of ``A / tp`` per stage boundary and micro-batch, each direction (Megatron's
+  scatter/gather optimisation sends one TP slice).
+* DP over the dp x cp group: gradients (fp32 main grads for fp32/bf16, 16-bit for fp16/fp8):
+  all-reduce, or reduce-scatter plus an all-gather of the updated 16-bit parameters when the
+  optimizer is sharded (ZeRO-1/2, distributed optimizer); ZeRO-3 gathers parameters before
+  every forward and backward and reduce-scatters gradients after every backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from forecast.kernels import ITEMSIZE_BYTES, Dtype
+from simulator.parallel import Layout
+from simulator.scenario import SimInputs
+from topologies import Cluster, collective_estimate
+from topologies.algorithms import Op
+
+
+def grad_itemsize_bytes(dtype: Dtype) -> int:
+    """Bytes per gradient element as reduced over DP."""
+    return 2 if dtype in (Dtype.FP16, Dtype.FP8) else 4
+
+
+def param_itemsize_bytes(dtype: Dtype) -> int:
+    """Bytes per model-weight element (fp8 training keeps 16-bit weights)."""
+    return max(2, ITEMSIZE_BYTES[dtype])
+
+
+def collective_s(op: Op, nbytes: float, ranks: Sequence[int], cluster: Cluster) -> float:
+    """Seconds for one collective; 0 for a group of one rank or no data."""
+    if len(ranks) < 2 or nbytes <= 0:
+        return 0.0
+    return collective_estimate(op, nbytes, ranks, cluster).time_s
+
+
+@dataclass(frozen=True, slots=True)
+class LayerComm:
+    """Seconds of communication per micro-batch: per layer (TP, CP, EP), embedding, PP hop."""
+
+    tp_fw_s: float
+    tp_bw_s: float
+    tp_embed_s: float
+    cp_fw_s: float
+    cp_bw_s: float
+    ep_fw_s: float
+    ep_bw_s: float
+    pp_hop_s: float
+
+
+def activation_bytes(inputs: SimInputs, layout: Layout) -> float:
+    """``A``: one micro-batch's hidden states on one CP rank."""
+    run = layout.run
+    tokens = run.micro_batch_size * inputs.seq_len // run.cp
+    return float(tokens * inputs.model.hidden_size * ITEMSIZE_BYTES[inputs.dtype])
+
+
+def _tp_s(a: float, layout: Layout, cluster: Cluster) -> float:
+    g = layout.tp_group
+    if layout.run.sequence_parallel:
+        return collective_s("all-gather", a, g, cluster) + collective_s(
+            "reduce-scatter", a, g, cluster
+        )
+    return collective_s("all-reduce", a, g, cluster)
+
+
+def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
+    """Per-micro-batch communication of one layer (see the module docstring)."""
+    run, cl, m = layout.run, inputs.cluster, inputs.model
+    a = activation_bytes(inputs, layout)
+    tp_one = _tp_s(a, layout, cl)
+    kv = 2 * run.micro_batch_size * inputs.seq_len * m.kv_heads * m.dhead / run.tp
+    kv_bytes = kv * ITEMSIZE_BYTES[inputs.dtype]
+    a2a = a * m.experts_per_token
+    ep = 2 * collective_s("all-to-all", a2a, layout.ep_group, cl) if m.num_experts > 1 else 0.0
+    return LayerComm(
+        tp_fw_s=2 * tp_one,
+        tp_bw_s=2 * tp_one,
+        tp_embed_s=tp_one,
+        cp_fw_s=collective_s("all-gather", kv_bytes, layout.cp_group, cl),
+        cp_bw_s=collective_s("reduce-scatter", kv_bytes, layout.cp_group, cl),
+        ep_fw_s=ep,
+        ep_bw_s=ep,
+        pp_hop_s=collective_s("send-recv", a / run.tp, layout.pp_pair, cl),
+    )
+
+
+def dp_grad_s(params: float, inputs: SimInputs, layout: Layout) -> float:
+    """Reduce one chunk's gradients over DP (all-reduce, or reduce-scatter when sharded)."""
+    nbytes = params * grad_itemsize_bytes(inputs.dtype)
+    op: Op = "reduce-scatter" if layout.run.shards_optimizer else "all-reduce"
+    return collective_s(op, nbytes, layout.dp_group, inputs.cluster)
+
+
+def dp_param_gather_s(params: float, inputs: SimInputs, layout: Layout) -> float:
+    """All-gather of updated (ZeRO-1/2, distributed optimizer) or needed (ZeRO-3) weights."""
+    nbytes = params * param_itemsize_bytes(inputs.dtype)
+    return collective_s("all-gather", nbytes, layout.dp_group, inputs.cluster)

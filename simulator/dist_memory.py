@@ -1,0 +1,103 @@
+"""Memory of one GPU in a distributed step: weights, gradients, optimizer state, activations.
+
+Per parameter (mixed precision, Megatron): 16-bit weights (2 B), fp32 main gradients (4 B;
+2 B in fp16), fp32 master weights and two Adam moments (12 B); fp32 training: 4 + 4 + 8 B.
+ZeRO-1 and the distributed optimizer divide the optimizer state by the dp x cp group, ZeRO-2
+also the gradients, ZeRO-3 also the weights (plus the chunk being gathered).
+
+Activations per layer and micro-batch (Korthikanti et al. 2022, eq. 2 and section 4, in
+2-byte units, scaled by the element size; ``s`` = seq/cp, FFN term scaled by ffn/4h):
+no recompute ``s*b*h*(10 + 24/t + 5as/(ht))`` (``34/t`` with sequence parallelism; the
+``5as/h`` score term vanishes with flash attention, i.e. the ``megatron`` framework),
+selective recompute drops the score term, full recompute keeps only the layer input
+``2*s*b*h`` (``/t`` with SP) plus one layer's full set while it is recomputed. The number of
+micro-batches in flight comes from the stage's schedule (`schedules.in_flight`). The last
+stage also holds fp32 logits. A fixed reserve covers the CUDA context and workspaces.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from forecast.kernels import ITEMSIZE_BYTES
+from simulator.comm import grad_itemsize_bytes, param_itemsize_bytes
+from simulator.parallel import Layout
+from simulator.scenario import SimInputs
+
+RESERVED_BYTES = 2**30  # CUDA context, cuBLAS/NCCL workspaces (about 1 GiB)
+
+
+class MemoryBreakdown(BaseModel):
+    """Bytes on the fullest GPU, by category; ``reason`` explains a misfit."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stage: int
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    other_bytes: float
+    total_bytes: float
+    hbm_bytes: float
+    fits: bool
+    reason: str = ""
+
+
+def layer_activation_bytes(inputs: SimInputs, layout: Layout, *, working: bool = False) -> float:
+    """Bytes one layer keeps per micro-batch (``working``: as if not recomputed)."""
+    run, m = layout.run, inputs.model
+    s, b, h, t = inputs.seq_len // run.cp, run.micro_batch_size, m.hidden_size, run.tp
+    ffn = 24.0 * m.ffn_hidden_size / (4.0 * h)
+    scores = 0.0 if inputs.framework == "megatron" else 5.0 * m.num_heads * s / (h * t)
+    sp = run.sequence_parallel
+    recompute = "none" if working else run.recompute
+    if recompute == "full":
+        units = 2.0 / t if sp else 2.0
+    else:
+        units = (10.0 + ffn) / t if sp else 10.0 + ffn / t
+        units += scores if recompute == "none" else 0.0
+    return s * b * h * units * ITEMSIZE_BYTES[inputs.dtype] / 2.0
+
+
+def stage_memory(
+    inputs: SimInputs, layout: Layout, stage: int, params: float, in_flight: int
+) -> MemoryBreakdown:
+    """Bytes on one GPU of ``stage`` holding ``params`` parameters."""
+    run = layout.run
+    shard = layout.dp * run.cp
+    mixed = ITEMSIZE_BYTES[inputs.dtype] < 4
+    weights = params * param_itemsize_bytes(inputs.dtype)
+    grads = params * grad_itemsize_bytes(inputs.dtype)
+    optim = params * (12.0 if mixed else 8.0)
+    chunks = layout.layers_per_stage[stage]
+    if run.shards_optimizer:
+        optim /= shard
+    if run.zero_stage >= 2:
+        grads /= shard
+    other = float(RESERVED_BYTES)
+    if run.zero_stage >= 3:
+        weights = weights / shard + 2 * weights / max(1, len(chunks))
+    layers_per_chunk = sum(chunks) / len(chunks)
+    acts = in_flight * layers_per_chunk * layer_activation_bytes(inputs, layout)
+    if run.recompute == "full":
+        other += layer_activation_bytes(inputs, layout, working=True)
+    if stage == run.pp - 1:
+        tokens = run.micro_batch_size * inputs.seq_len // run.cp
+        other += 4.0 * tokens * inputs.model.vocab_size / run.tp
+    total = weights + grads + optim + acts + other
+    hbm = inputs.gpu.hbm_bytes
+    fits = total <= hbm
+    reason = "" if fits else f"stage {stage} needs {total / 2**30:.1f} GiB > {hbm / 2**30:.1f} GiB"
+    return MemoryBreakdown(
+        stage=stage,
+        weights_bytes=weights,
+        gradients_bytes=grads,
+        optimizer_bytes=optim,
+        activations_bytes=acts,
+        other_bytes=other,
+        total_bytes=total,
+        hbm_bytes=hbm,
+        fits=fits,
+        reason=reason,
+    )

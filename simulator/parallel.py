@@ -1,0 +1,143 @@
+"""How one training step runs: `RunConfig` (the parallel layout) and its rank groups.
+
+Rank order is Megatron's: tp innermost, then cp, then dp, then pp. The simulator keeps one
+DP replica and one TP shard (they are symmetric); the representative groups below are the
+real rank sets its collectives span, so a 16k-GPU job still prices inter-node links correctly.
+Invariants that need the model or the cluster (tp divides heads, tp*cp*pp*dp = GPUs, ...) are
+checked in `check_run`, which raises `ConfigError` naming the key and the rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from simulator.errors import ConfigError
+from simulator.models import ModelSpec
+
+Schedule = Literal["gpipe", "1f1b", "1f1b-interleaved"]
+Recompute = Literal["none", "selective", "full"]
+
+
+class RunConfig(BaseModel):
+    """One parallel layout; ``dp = 0`` means "the GPUs left over by tp*cp*pp"."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0)
+    dp: int = Field(default=0, ge=0)
+    cp: int = Field(default=1, gt=0)
+    ep: int = Field(default=1, gt=0, description="expert parallel size (MoE), inside dp*cp")
+    micro_batch_size: int = Field(default=1, gt=0)
+    schedule: Schedule = "1f1b"
+    virtual_stages: int = Field(default=1, gt=0)
+    sequence_parallel: bool = False
+    recompute: Recompute = "none"
+    zero_stage: int = Field(default=0, ge=0, le=3)
+    distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = False
+    buckets: int = Field(default=4, gt=0, description="DP gradient buckets per model chunk")
+
+    @property
+    def shards_optimizer(self) -> bool:
+        """Optimizer state split over DP (ZeRO >= 1 or Megatron's distributed optimizer)."""
+        return self.zero_stage >= 1 or self.distributed_optimizer
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A checked `RunConfig` with its derived sizes and representative rank groups."""
+
+    run: RunConfig
+    dp: int
+    num_micro_batches: int
+    layers_per_stage: tuple[tuple[int, ...], ...]  # [stage][chunk]
+    tp_group: tuple[int, ...]
+    cp_group: tuple[int, ...]
+    dp_group: tuple[int, ...]  # dp x cp ranks: the gradient-reduction group
+    ep_group: tuple[int, ...]
+    pp_pair: tuple[int, ...]
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks per stage (virtual stages with interleaving, else 1)."""
+        return len(self.layers_per_stage[0])
+
+
+def split_layers(num_layers: int, parts: int) -> list[int]:
+    """Layers per virtual stage: even where possible, extra layers to the middle stages.
+
+    The first and last virtual stages also hold the embedding and the head, so they are the
+    last to receive a remainder layer (Llama 3 405B: 126 layers on 16 stages).
+    """
+    base, extra = divmod(num_layers, parts)
+    order = [*list(range(1, parts - 1)), 0, parts - 1] if parts > 2 else list(range(parts))
+    counts = [base] * parts
+    for i in order[:extra]:
+        counts[i] += 1
+    return counts
+
+
+def _need(ok: bool, key: str, rule: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {rule}")
+
+
+def _check_sizes(run: RunConfig, model: ModelSpec, num_gpus: int) -> int:
+    _need(model.num_heads % run.tp == 0, "run.tp", f"must divide n_heads = {model.num_heads}")
+    _need(model.kv_heads % run.tp == 0, "run.tp", f"must divide n_kv_heads = {model.kv_heads}")
+    per_replica = run.tp * run.cp * run.pp
+    dp = run.dp or num_gpus // per_replica
+    _need(
+        dp * per_replica == num_gpus,
+        "run.dp",
+        f"tp*cp*pp*dp = {run.tp}*{run.cp}*{run.pp}*{dp} must equal cluster.num_gpus = {num_gpus}",
+    )
+    _need((dp * run.cp) % run.ep == 0, "run.ep", f"must divide dp*cp = {dp * run.cp}")
+    _need(model.num_experts % run.ep == 0, "run.ep", "must divide the number of experts")
+    return dp
+
+
+def _check_schedule(run: RunConfig, layers: int, m: int) -> None:
+    v = run.virtual_stages
+    interleaved = run.schedule == "1f1b-interleaved"
+    _need(v == 1 or interleaved, "run.virtual_stages", "> 1 needs schedule = 1f1b-interleaved")
+    _need(layers >= run.pp * v, "run.pp", f"pp*virtual_stages must be <= n_layers = {layers}")
+    if interleaved and v > 1:
+        _need(m % run.pp == 0, "run.schedule", f"interleaved needs micro-batches ({m}) % pp == 0")
+
+
+def check_run(
+    run: RunConfig, model: ModelSpec, *, num_gpus: int, global_batch_size: int, seq_len: int
+) -> Layout:
+    """Validate a layout against the model and cluster; derive dp, micro-batches, groups."""
+    dp = _check_sizes(run, model, num_gpus)
+    per_step = run.micro_batch_size * dp
+    _need(
+        global_batch_size % per_step == 0,
+        "training.global_batch_size",
+        f"must be a multiple of micro_batch_size*dp = {per_step}",
+    )
+    _need(seq_len % run.cp == 0, "run.cp", f"must divide seq_len = {seq_len}")
+    m = global_batch_size // per_step
+    _check_schedule(run, model.num_layers, m)
+    v = run.virtual_stages
+    counts = split_layers(model.num_layers, run.pp * v)
+    stages = tuple(tuple(counts[c * run.pp + s] for c in range(v)) for s in range(run.pp))
+    tp, cp = run.tp, run.cp
+    dp_group = tuple(k * tp for k in range(cp * dp))  # gradients reduce over dp x cp
+    return Layout(
+        run=run,
+        dp=dp,
+        num_micro_batches=m,
+        layers_per_stage=stages,
+        tp_group=tuple(range(tp)),
+        cp_group=tuple(k * tp for k in range(cp)),
+        dp_group=dp_group,
+        ep_group=tuple(k * tp for k in range(run.ep)),
+        pp_pair=(0, tp * cp * dp) if run.pp > 1 else (0,),
+    )

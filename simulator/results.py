@@ -1,0 +1,138 @@
+"""What a simulated step reports: `StepResult`, `summarize` and the flat `to_row`.
+
+FLOP convention (Narayanan et al. 2021, eq. 3): per token and layer the forward pass costs
+``2 x`` (QKV, projection and FFN weights) ``+ 4 * s * h_attention`` (scores and values, causal
+mask not discounted), the head ``2 * h * V``; a step is 3 forward passes. Model FLOPs give
+MFU; hardware FLOPs add the recomputed forward (full: every layer; selective: the attention
+scores), as Narayanan's published TFLOP/s count them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from simulator.dist_memory import MemoryBreakdown
+from simulator.models import ModelSpec
+from simulator.parallel import Layout
+from simulator.scheduler import Timeline, critical_path
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One layout's predicted step (SI units; memory in GiB as the interface asks)."""
+
+    iteration_s: float
+    forward_backward_s: float
+    optimizer_s: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    hfu: float
+    tokens_per_s: float
+    bubble_fraction: float
+    exposed_comm_s: dict[str, float]
+    memory_gib_per_gpu: float
+    fits: bool
+    reason: str
+    num_micro_batches: int
+    dp: int
+    graph_nodes: int
+
+    def to_row(self) -> dict[str, Any]:
+        """A flat JSON-ready dict (``exposed_comm_s`` stays an object by kind)."""
+        return asdict(self)
+
+
+def forward_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[float, float, float]:
+    """(layer weights, layer attention, head) forward FLOPs per token, whole model."""
+    h, qd, kvd = model.hidden_size, model.num_heads * model.dhead, model.kv_heads * model.dhead
+    mats = 3 if model.activation == "swiglu" else 2
+    ffn = mats * h * model.ffn_hidden_size
+    moe = model.moe_layers(model.num_layers)
+    per_layer = 2.0 * (h * (qd + 2 * kvd) + qd * h)
+    weights = model.num_layers * per_layer + 2.0 * ffn * (
+        (model.num_layers - moe) + moe * model.experts_per_token
+    )
+    attention = model.num_layers * 4.0 * seq_len * qd
+    return weights, attention, 2.0 * h * model.vocab_size
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """What `summarize` needs besides the timeline."""
+
+    model: ModelSpec
+    layout: Layout
+    seq_len: int
+    global_batch_size: int
+    num_gpus: int
+    peak_flops_per_s: float
+    memory: MemoryBreakdown
+
+
+def _flops(info: StepInfo) -> tuple[float, float]:
+    w, a, head = forward_flops_per_token(info.model, info.seq_len)
+    tokens = info.global_batch_size * info.seq_len
+    model = 3.0 * (w + a + head) * tokens
+    recompute = {"none": 0.0, "selective": a, "full": w + a}[info.layout.run.recompute]
+    return model, model + recompute * tokens
+
+
+def _exposed(t: Timeline) -> dict[str, float]:
+    out = {"tp": 0.0, "cp": 0.0, "ep": 0.0, "pp": 0.0, "dp": 0.0}
+    nodes = t.graph.nodes
+    for n in critical_path(t):
+        a = nodes[n]
+        if a["kind"] == "compute":
+            for k in ("tp", "cp", "ep"):
+                out[k] += a[f"{k}_s"]
+        elif a["kind"] == "comm":
+            out[a["comm"]] += a["duration_s"]
+    return out
+
+
+def _phases(t: Timeline) -> tuple[float, float, float]:
+    """(forward-backward end, optimizer time, mean idle fraction of compute streams)."""
+    nodes = t.graph.nodes
+    fb_end: dict[int, float] = {}
+    busy: dict[int, float] = {}
+    opt = 0.0
+    for n, a in nodes.items():
+        s = a["stage"]
+        if a["kind"] == "compute":
+            fb_end[s] = max(fb_end.get(s, 0.0), t.end_s[n])
+            busy[s] = busy.get(s, 0.0) + a["duration_s"]
+        elif a["kind"] == "optimizer":
+            opt = max(opt, a["duration_s"])
+    span = max(fb_end.values())
+    bubble = sum(1.0 - busy[s] / span for s in busy) / len(busy)
+    return span, opt, bubble
+
+
+def summarize(t: Timeline, info: StepInfo) -> StepResult:
+    """Step time, breakdown, throughput and memory of one simulated layout."""
+    iteration = t.makespan_s
+    fb, opt, bubble = _phases(t)
+    model_flops, hw_flops = _flops(info)
+    per_gpu = iteration * info.num_gpus
+    return StepResult(
+        iteration_s=iteration,
+        forward_backward_s=fb,
+        optimizer_s=opt,
+        model_tflops_per_gpu=model_flops / per_gpu / 1e12,
+        hardware_tflops_per_gpu=hw_flops / per_gpu / 1e12,
+        mfu=model_flops / per_gpu / info.peak_flops_per_s,
+        hfu=hw_flops / per_gpu / info.peak_flops_per_s,
+        tokens_per_s=info.global_batch_size * info.seq_len / iteration,
+        bubble_fraction=bubble,
+        exposed_comm_s=_exposed(t),
+        memory_gib_per_gpu=info.memory.total_bytes / GIB,
+        fits=info.memory.fits,
+        reason=info.memory.reason,
+        num_micro_batches=info.layout.num_micro_batches,
+        dp=info.layout.dp,
+        graph_nodes=t.graph.number_of_nodes(),
+    )

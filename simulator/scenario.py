@@ -1,0 +1,224 @@
+"""A distributed-training scenario: the TOML schema, ``--set`` overrides and resolution.
+
+Tables: ``[study]`` (name), ``[model]`` (``id``, ``hf_config`` or inline sizes; ``seq_len``
+always), ``[cluster]`` (gpu, server, network, num_gpus, gpus_per_node, nics_per_node),
+``[training]`` (global_batch_size, dtype, framework), ``[run]`` (one `RunConfig`) and an
+optional ``[sweep]`` (lists, read by the sweep). Every table forbids unknown keys; errors name
+the key (``run.tpp``) and the rule, as one line. `resolve` turns ids into objects
+(`SimInputs`); nothing here simulates.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from forecast.gpus import GPUError, GPUSpec, load_gpu
+from forecast.kernels import Dtype
+from simulator.errors import ConfigError
+from simulator.models import ModelSpec, load_model
+from simulator.parallel import RunConfig
+from topologies import Cluster, ClusterSpec, TopologyError, load_network, load_server
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class StudySection(BaseModel):
+    """What the study is."""
+
+    model_config = _FROZEN
+    name: str
+    description: str = ""
+
+
+class ModelSection(BaseModel):
+    """The model: exactly one of ``id``, ``hf_config`` or the inline sizes."""
+
+    model_config = _FROZEN
+    id: str | None = None
+    hf_config: str | None = None
+    n_layers: int | None = Field(default=None, gt=0)
+    hidden_size: int | None = Field(default=None, gt=0)
+    n_heads: int | None = Field(default=None, gt=0)
+    n_kv_heads: int | None = Field(default=None, gt=0)
+    ffn_hidden_size: int | None = Field(default=None, gt=0)
+    vocab_size: int | None = Field(default=None, gt=0)
+    activation: Literal["gelu", "swiglu", "squared-relu"] = "gelu"
+    num_experts: int = Field(default=1, gt=0)
+    experts_per_token: int = Field(default=1, gt=0)
+    seq_len: int = Field(gt=0)
+
+
+class ClusterSection(BaseModel):
+    """GPU type and the intra-/inter-node fabrics."""
+
+    model_config = _FROZEN
+    gpu: str
+    server: str
+    network: str | None = None
+    num_gpus: int = Field(gt=0)
+    gpus_per_node: int | None = Field(default=None, gt=0)
+    nics_per_node: int | None = Field(default=None, ge=0)
+
+
+class TrainingSection(BaseModel):
+    """Batch, precision and op inventory."""
+
+    model_config = _FROZEN
+    global_batch_size: int = Field(gt=0)
+    dtype: Dtype = Dtype.BF16
+    framework: Literal["megatron", "hf-eager"] = "megatron"
+    latency_model: Literal["auto", "roofline", "tile-mlp"] = "auto"
+
+
+class Scenario(BaseModel):
+    """One scenario file, validated; paths in it are relative to ``base_dir``."""
+
+    model_config = _FROZEN
+    study: StudySection
+    model: ModelSection
+    cluster: ClusterSection
+    training: TrainingSection
+    run: RunConfig = RunConfig()
+    sweep: dict[str, list[Any]] = Field(default_factory=dict)
+    base_dir: str = "."
+
+
+@dataclass(frozen=True)
+class SimInputs:
+    """Everything a layout is simulated against, resolved once per scenario."""
+
+    name: str
+    model: ModelSpec
+    seq_len: int
+    gpu: GPUSpec
+    cluster: Cluster
+    num_gpus: int
+    global_batch_size: int
+    dtype: Dtype
+    framework: Literal["megatron", "hf-eager"]
+    latency_model: str
+
+
+def _set(raw: dict[str, Any], assignment: str) -> None:
+    key, sep, text = assignment.partition("=")
+    parts = key.strip().split(".")
+    if not sep or len(parts) != 2 or not all(parts):
+        raise ConfigError(f"--set {assignment!r}: use TABLE.KEY=VALUE, e.g. run.tp=8")
+    try:
+        value = tomllib.loads(f"v = {text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()
+    table = raw.setdefault(parts[0], {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"--set {assignment!r}: {parts[0]} is not a table")
+    table[parts[1]] = value
+
+
+def parse_scenario(raw: dict[str, Any], *, source: str, base_dir: Path) -> Scenario:
+    """Validate a scenario mapping; the first problem becomes one `ConfigError` line."""
+    try:
+        return Scenario.model_validate({**raw, "base_dir": str(base_dir)})
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"])
+        raise ConfigError(f"{source}: key {loc!r}: {first['msg']}") from e
+
+
+def load_scenario(path: str | Path, *, overrides: tuple[str, ...] = ()) -> Scenario:
+    """Read a scenario TOML and apply ``--set TABLE.KEY=VALUE`` overrides in order."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            raw = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"cannot read scenario {path}: {e}") from e
+    for assignment in overrides:
+        _set(raw, assignment)
+    return parse_scenario(raw, source=str(path), base_dir=path.resolve().parent)
+
+
+def _inline_model(m: ModelSection, name: str) -> ModelSpec:
+    sizes = (m.n_layers, m.hidden_size, m.n_heads, m.vocab_size)
+    if any(x is None for x in sizes):
+        raise ConfigError("model: give id, hf_config, or n_layers/hidden_size/n_heads/vocab_size")
+    h = int(m.hidden_size or 0)
+    swiglu = m.activation == "swiglu"
+    fields: dict[str, Any] = {
+        "id": name,
+        "architecture": "llama" if swiglu else "gpt2",
+        "num_layers": m.n_layers,
+        "hidden_size": h,
+        "ffn_hidden_size": m.ffn_hidden_size or 4 * h,
+        "num_heads": m.n_heads,
+        "num_kv_heads": m.n_kv_heads or 0,
+        "vocab_size": m.vocab_size,
+        "max_positions": m.seq_len,
+        "activation": {"gelu": "gelu", "swiglu": "swiglu", "squared-relu": "relu"}[m.activation],
+        "num_experts": m.num_experts,
+        "experts_per_token": m.experts_per_token,
+    }
+    if swiglu:
+        fields |= {"norm": "rmsnorm", "position": "rotary", "bias": False}
+        fields |= {"tied_embeddings": False}
+    try:
+        return ModelSpec.model_validate(fields)
+    except ValidationError as e:
+        raise ConfigError(f"model: {e.errors()[0]['msg']}") from e
+
+
+def resolve_model(s: Scenario) -> ModelSpec:
+    """The `ModelSpec` a scenario names (catalog id, HF config path, or inline)."""
+    m = s.model
+    if m.id is not None and m.hf_config is not None:
+        raise ConfigError("model: give one of id and hf_config, not both")
+    if m.id is not None:
+        return load_model(m.id)
+    if m.hf_config is not None:
+        path = Path(m.hf_config)
+        return load_model(path if path.is_absolute() else Path(s.base_dir) / path)
+    return _inline_model(m, s.study.name)
+
+
+def resolve_cluster(c: ClusterSection) -> Cluster:
+    """A `Cluster` of ``num_gpus`` GPUs of the server type (per-node counts overridable)."""
+    server = load_server(c.server)
+    update: dict[str, Any] = {}
+    if c.gpus_per_node is not None and c.gpus_per_node != server.gpus_per_node:
+        update["gpus_per_node"] = c.gpus_per_node
+        update["nics_per_node"] = min(server.nics_per_node, c.gpus_per_node)
+    if c.nics_per_node is not None:
+        update["nics_per_node"] = c.nics_per_node
+    server = server.model_copy(update=update) if update else server
+    nodes = math.ceil(c.num_gpus / server.gpus_per_node)
+    net_id = c.network or server.default_network
+    net = load_network(net_id) if net_id else None
+    if nodes > 1 and net is None:
+        raise ConfigError(f"cluster.network: {nodes} nodes need a network id")
+    return Cluster(ClusterSpec(server=server, network=net, num_nodes=nodes))
+
+
+def resolve(s: Scenario) -> SimInputs:
+    """Load the model, GPU and cluster a scenario names; unknown ids become `ConfigError`."""
+    try:
+        gpu = load_gpu(s.cluster.gpu)
+        cluster = resolve_cluster(s.cluster)
+    except (GPUError, TopologyError) as e:
+        raise ConfigError(f"cluster: {e}") from e
+    return SimInputs(
+        name=s.study.name,
+        model=resolve_model(s),
+        seq_len=s.model.seq_len,
+        gpu=gpu,
+        cluster=cluster,
+        num_gpus=s.cluster.num_gpus,
+        global_batch_size=s.training.global_batch_size,
+        dtype=s.training.dtype,
+        framework=s.training.framework,
+        latency_model=s.training.latency_model,
+    )

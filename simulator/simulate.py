@@ -1,0 +1,71 @@
+"""The one pipeline function: `simulate(inputs, run, table) -> StepResult`.
+
+Steps 3, 5, 6, 7 of the house pipeline: shard kernels and communication (`stepcosts`), the
+execution graph (`execgraph`), its schedule (`scheduler`) and the summary (`results`). The
+kernel forecast is done once outside (`latency_table`) and reused across layouts.
+"""
+
+from __future__ import annotations
+
+from forecast.predict import LatencyTable, forecast_table
+from simulator.dist_memory import MemoryBreakdown, stage_memory
+from simulator.execgraph import build_exec_graph
+from simulator.latency import latency_model_for
+from simulator.parallel import Layout, RunConfig, check_run
+from simulator.results import StepInfo, StepResult, summarize
+from simulator.scenario import SimInputs
+from simulator.scheduler import Timeline, schedule
+from simulator.schedules import SCHEDULES, in_flight
+from simulator.stagecost import kernels_for
+from simulator.stepcosts import stage_params, step_costs
+
+
+def latency_table(inputs: SimInputs, runs: list[RunConfig]) -> LatencyTable:
+    """Forecast every kernel the layouts need, once (one batched call per family)."""
+    model = latency_model_for(inputs.dtype, inputs.latency_model)
+    return forecast_table(kernels_for(inputs, runs), inputs.gpu, model)
+
+
+def layout_of(inputs: SimInputs, run: RunConfig) -> Layout:
+    """Check a layout against the scenario (`ConfigError` names the key and the rule)."""
+    return check_run(
+        run,
+        inputs.model,
+        num_gpus=inputs.num_gpus,
+        global_batch_size=inputs.global_batch_size,
+        seq_len=inputs.seq_len,
+    )
+
+
+def peak_memory(inputs: SimInputs, layout: Layout) -> MemoryBreakdown:
+    """The fullest GPU's memory over all pipeline stages."""
+    run = layout.run
+    orders = SCHEDULES[run.schedule](run.pp, layout.num_micro_batches, layout.chunks)
+    params = stage_params(inputs, layout)
+    stages = [
+        stage_memory(inputs, layout, s, params[s], in_flight(orders[s])) for s in range(run.pp)
+    ]
+    return max(stages, key=lambda m: m.total_bytes)
+
+
+def simulate_timeline(
+    inputs: SimInputs, run: RunConfig, table: LatencyTable
+) -> tuple[StepResult, Timeline]:
+    """Simulate one layout; also return the timeline (for traces)."""
+    layout = layout_of(inputs, run)
+    timeline = schedule(build_exec_graph(step_costs(inputs, layout, table)))
+    info = StepInfo(
+        model=inputs.model,
+        layout=layout,
+        seq_len=inputs.seq_len,
+        global_batch_size=inputs.global_batch_size,
+        num_gpus=inputs.num_gpus,
+        peak_flops_per_s=inputs.gpu.peak_for(inputs.dtype),
+        memory=peak_memory(inputs, layout),
+    )
+    return summarize(timeline, info), timeline
+
+
+def simulate(inputs: SimInputs, run: RunConfig, table: LatencyTable) -> StepResult:
+    """Predict one training step of ``run`` (a pure function of its three inputs)."""
+    return simulate_timeline(inputs, run, table)[0]

@@ -1,0 +1,97 @@
+"""Assemble `StepCosts` (plain seconds per chunk) from block times and communication.
+
+Per chunk of ``n`` layers and one micro-batch: forward = ``n`` layer forwards (+ embedding on
+the first virtual stage, + head on the last); backward = ``n`` layer backwards + recompute
+(full: the layer forward again, with its TP collectives; selective: the attention core).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from forecast.predict import LatencyTable
+from simulator.comm import LayerComm, dp_grad_s, dp_param_gather_s, layer_comm
+from simulator.execgraph import ChunkCost, StepCosts
+from simulator.parallel import Layout
+from simulator.scenario import SimInputs
+from simulator.stagecost import BlockTimes, block_times, chunk_params, shard_kernels
+
+
+def _chunk_cost(
+    bt: BlockTimes, lc: LayerComm, layout: Layout, layers: int, ends: tuple[bool, bool]
+) -> ChunkCost:
+    first, last = ends
+    run = layout.run
+    recompute = {"none": 0.0, "selective": bt.attention_fw_s, "full": bt.layer_fw_s}[run.recompute]
+    full = run.recompute == "full"
+    fw = (
+        layers * bt.layer_fw_s + (bt.embed_fw_s if first else 0.0) + (bt.head_fw_s if last else 0.0)
+    )
+    bw = layers * (bt.layer_bw_s + recompute)
+    bw += (bt.embed_bw_s if first else 0.0) + (bt.head_bw_s if last else 0.0)
+    cp_bw_hidden = 2.5 * bt.attention_fw_s
+    return ChunkCost(
+        fw_compute_s=fw,
+        bw_compute_s=bw,
+        fw_tp_s=layers * lc.tp_fw_s + (lc.tp_embed_s if first else 0.0),
+        bw_tp_s=layers * (lc.tp_bw_s + (lc.tp_fw_s if full else 0.0)),
+        fw_ep_s=layers * lc.ep_fw_s,
+        bw_ep_s=layers * (lc.ep_bw_s + (lc.ep_fw_s if full else 0.0)),
+        fw_cp_s=layers * max(0.0, lc.cp_fw_s - bt.attention_fw_s),
+        bw_cp_s=layers * max(0.0, lc.cp_bw_s - cp_bw_hidden),
+    )
+
+
+def _with_dp(c: ChunkCost, params: float, inputs: SimInputs, layout: Layout) -> ChunkCost:
+    grad = dp_grad_s(params, inputs, layout)
+    if layout.run.zero_stage >= 3:
+        gather = dp_param_gather_s(params, inputs, layout)
+        return replace(c, zero3_gather_s=gather, zero3_scatter_s=grad)
+    return replace(c, grad_sync_s=grad)
+
+
+def step_costs(inputs: SimInputs, layout: Layout, table: LatencyTable) -> StepCosts:
+    """Seconds per chunk, hop, optimizer and parameter gather for one layout."""
+    run = layout.run
+    bt = block_times(shard_kernels(inputs, run), table, run)
+    lc = layer_comm(inputs, layout)
+    pp, v = run.pp, layout.chunks
+    chunks, optimizer, gather = [], [], []
+    for s in range(pp):
+        row, stage_params = [], 0.0
+        for c in range(v):
+            vs = c * pp + s
+            n = layout.layers_per_stage[s][c]
+            ends = (vs == 0, vs == pp * v - 1)
+            params = chunk_params(inputs.model, run, n, first=ends[0], last=ends[1])
+            stage_params += params
+            row.append(_with_dp(_chunk_cost(bt, lc, layout, n, ends), params, inputs, layout))
+        chunks.append(tuple(row))
+        shard = layout.dp * run.cp if run.shards_optimizer else 1
+        optimizer.append(stage_params / shard * bt.adam_s_per_param)
+        sharded = run.shards_optimizer and run.zero_stage < 3
+        gather.append(dp_param_gather_s(stage_params, inputs, layout) if sharded else 0.0)
+    return StepCosts(
+        chunks=tuple(chunks),
+        num_micro_batches=layout.num_micro_batches,
+        schedule=run.schedule,
+        pp_hop_s=lc.pp_hop_s,
+        optimizer_s=tuple(optimizer),
+        param_gather_s=tuple(gather),
+        overlap_grad_reduce=run.overlap_grad_reduce,
+        buckets=run.buckets,
+    )
+
+
+def stage_params(inputs: SimInputs, layout: Layout) -> list[float]:
+    """Parameters one GPU of each stage holds."""
+    run, pp, v = layout.run, layout.run.pp, layout.chunks
+    out = []
+    for s in range(pp):
+        total = 0.0
+        for c in range(v):
+            vs = c * pp + s
+            n = layout.layers_per_stage[s][c]
+            total += chunk_params(inputs.model, run, n, first=vs == 0, last=vs == pp * v - 1)
+        out.append(total)
+    return out
