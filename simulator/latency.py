@@ -1,10 +1,9 @@
-"""Which latency model prices a dtype: tile-mlp for fp32, a derated roofline otherwise.
+"""Which latency model prices a dtype.
 
-tile-mlp is trained on fp32 (CUDA-core) kernels only and raises `ModelError` for tensor-core
-dtypes. Until the tensor-core model lands, bf16/fp16/tf32/fp8 kernels are priced by the
-roofline scaled by sustained-efficiency factors (`DeratedRoofline`): large cuBLAS GEMMs reach
-about 80% of the dense tensor-core peak and streaming kernels about 85% of HBM bandwidth on
-A100/H100. These two numbers are a placeholder, not a forecast of unseen GPUs.
+``auto`` is forecast's dtype router (tile-mlp for fp32, the tensor-core model for bf16/fp16/
+tf32/fp8). ``roofline-derated`` is a fallback and a fast test double: the roofline scaled by
+sustained-efficiency factors (large cuBLAS GEMMs reach about 80% of the dense tensor-core peak,
+streaming kernels about 85% of HBM bandwidth on A100/H100), not a forecast of unseen GPUs.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from forecast.gpus import GPUSpec
-from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec
+from forecast.kernels import GEMM_FAMILIES, KernelSpec
 from forecast.predict import LatencyModel, load_latency_model
 
 GEMM_EFFICIENCY = 0.80
@@ -35,8 +34,8 @@ class DeratedRoofline:
         return out
 
 
-def latency_model_for(dtype: Dtype, requested: str = "auto") -> LatencyModel:
-    """``auto``: tile-mlp for fp32, `DeratedRoofline` for tensor-core dtypes."""
-    if requested == "auto":
-        return load_latency_model("tile-mlp") if dtype == Dtype.FP32 else DeratedRoofline()
+def latency_model_for(requested: str = "auto") -> LatencyModel:
+    """A latency model by name: forecast's models plus ``roofline-derated``."""
+    if requested == "roofline-derated":
+        return DeratedRoofline()
     return load_latency_model(requested)

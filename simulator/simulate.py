@@ -22,7 +22,7 @@ from simulator.stepcosts import stage_params, step_costs
 
 def latency_table(inputs: SimInputs, runs: list[RunConfig]) -> LatencyTable:
     """Forecast every kernel the layouts need, once (one batched call per family)."""
-    model = latency_model_for(inputs.dtype, inputs.latency_model)
+    model = latency_model_for(inputs.latency_model)
     return forecast_table(kernels_for(inputs, runs), inputs.gpu, model)
 
 
