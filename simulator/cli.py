@@ -19,6 +19,7 @@ from forecast.gpus import GPUError, list_gpus, load_gpu
 from simulator.errors import ConfigError, InfeasibleConfig
 from simulator.kernel_commands import KERNEL_ERRORS, add_kernel_commands
 from simulator.predict_commands import add_predict_commands
+from simulator.simulate_commands import add_simulate_commands
 from topologies import Degradation, TopologyError, collective_estimate, load_cluster
 from topologies import report as topo_report
 from topologies.measured import compare, load_measured
@@ -145,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kernels(sub)
     _add_topologies(sub)
     add_predict_commands(sub)
+    add_simulate_commands(sub)
     return parser
 
 

@@ -43,6 +43,9 @@ def add_predict_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     e.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
     e.add_argument("--markdown", action="store_true", help="print the README table only")
     e.set_defaults(handler=_validate_e2e)
+    from simulator.simulate_commands import add_validate_distributed
+
+    add_validate_distributed(vs)
 
 
 RUN_KEYS = ("model", "gpu", "batch", "seq", "mode", "framework", "dtype")

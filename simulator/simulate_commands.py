@@ -1,0 +1,78 @@
+"""``tilesim simulate`` (one layout of a scenario) and ``tilesim validate distributed``.
+
+Handlers parse, load, call `simulate` or `dist_validate`, and print.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from simulator.dist_validate import check_labels, check_published, markdown
+from simulator.scenario import load_scenario, resolve
+from simulator.simulate import latency_table, simulate_timeline
+from simulator.trace import write_trace
+
+Sub = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def add_simulate_commands(sub: Sub) -> None:
+    """Register ``simulate``."""
+    p = sub.add_parser("simulate", help="predict one distributed training step of a scenario")
+    p.add_argument("scenario", type=Path, help="scenario TOML file")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="TABLE.KEY=VALUE",
+        help="override one key, e.g. run.tp=8 (repeatable; values in TOML syntax)",
+    )
+    p.add_argument("--trace", type=Path, help="write a Chrome/Perfetto trace of the step here")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_simulate)
+
+
+def add_validate_distributed(vs: Sub) -> None:
+    """Register ``validate distributed`` under the ``validate`` subcommand."""
+    d = vs.add_parser("distributed", help="distributed step vs A100 4-GPU labels, published runs")
+    d.add_argument("--latency-model", default="auto", help="auto | roofline-derated | ...")
+    d.add_argument("--labels-only", action="store_true", help="skip the published runs")
+    d.set_defaults(handler=_validate_distributed)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    scenario = load_scenario(args.scenario, overrides=tuple(args.overrides))
+    inputs = resolve(scenario)
+    result, timeline = simulate_timeline(
+        inputs, scenario.run, latency_table(inputs, [scenario.run])
+    )
+    if args.trace is not None:
+        write_trace(timeline, args.trace)
+    if args.json:
+        print(json.dumps(result.to_row()))
+        return 0
+    comm = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in result.exposed_comm_s.items() if v > 0)
+    print(
+        f"step {result.iteration_s:.4g} s (fw+bw {result.forward_backward_s:.4g} s, optimizer "
+        f"{result.optimizer_s * 1e3:.3g} ms), {result.model_tflops_per_gpu:.1f} model / "
+        f"{result.hardware_tflops_per_gpu:.1f} hw TFLOP/s per GPU, MFU {result.mfu:.1%}, "
+        f"bubble {result.bubble_fraction:.1%}, exposed comm ms: {comm or 'none'}; memory "
+        f"{result.memory_gib_per_gpu:.1f} GiB, fits={result.fits} {result.reason}".rstrip()
+    )
+    return 0
+
+
+def _validate_distributed(args: argparse.Namespace) -> int:
+    checks = check_labels(latency_model=args.latency_model)
+    if not args.labels_only:
+        checks += check_published(latency_model=args.latency_model)
+    print(markdown(checks))
+    pub = sorted(abs(c.error) for c in checks if c.metric != "fw+bw s")
+    if pub:
+        print(
+            f"\npublished runs: median |error| {pub[len(pub) // 2] * 100:.1f}%, "
+            f"max {pub[-1] * 100:.1f}% ({len(pub)} runs)"
+        )
+    return 0
