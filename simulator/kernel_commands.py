@@ -16,10 +16,12 @@ from forecast.gpus import load_gpu
 from forecast.kernels import Dtype, KernelSpec, family_of_op
 from forecast.predict import LATENCY_MODELS, load_latency_model
 from forecast.report import TABLE_BEGIN, TABLE_END, replace_table, validation_markdown
+from forecast.tensor_core import TensorCoreError
 from forecast.tile_mlp import WEIGHTS_DIR, ModelError
+from simulator.collect_commands import add_collect_commands, gemm_kernel
 from simulator.errors import ConfigError
 
-KERNEL_ERRORS: tuple[type[Exception], ...] = (DataError, ModelError)
+KERNEL_ERRORS: tuple[type[Exception], ...] = (DataError, ModelError, TensorCoreError)
 VALIDATION_FILE = WEIGHTS_DIR / "validation.json"
 
 
@@ -33,9 +35,10 @@ def add_kernel_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     q.add_argument("--op", required=True, help="bmm, linear, add, gelu, softmax, ln, copy, ...")
     q.add_argument("--dims", required=True, help="B,M,N,K for bmm/linear; B,H for vector ops")
     q.add_argument("--dtype", default="fp32", help="fp32 (tile-mlp); roofline also tf32/bf16/...")
-    q.add_argument("--model", default="tile-mlp", help=f"one of {', '.join(LATENCY_MODELS)}")
+    q.add_argument("--model", default="auto", help=f"one of {', '.join(LATENCY_MODELS)}")
     q.add_argument("--json", action="store_true", help="print one JSON object")
     q.set_defaults(handler=_predict)
+    add_collect_commands(ks)
 
     e = ks.add_parser("eval", help="score measurement CSVs (NeuSight schema), per family")
     e.add_argument("--csv", nargs="+", required=True, type=Path, help=".csv or .csv.gz files")
@@ -69,6 +72,8 @@ def _parse_dims(text: str) -> tuple[int, ...]:
 
 
 def _kernel(args: argparse.Namespace) -> KernelSpec:
+    if args.op == "gemm":  # M,N,K with K the reduction -> bmm (1, M, K, N)
+        return gemm_kernel(args.dims, args.dtype)
     try:
         family = family_of_op(args.op)
     except ValueError as e:
@@ -101,7 +106,7 @@ def _predict(args: argparse.Namespace) -> int:
     gpu = load_gpu(args.gpu)
     latency_s = float(_model(args.model).predict_s([kernel], gpu)[0])
     if args.json:
-        print(json.dumps({"latency_s": latency_s}))
+        print(json.dumps({"latency_s": latency_s, "tflops": kernel.flops() / latency_s / 1e12}))
     else:
         print(
             f"{kernel.op} {kernel.dims} {kernel.dtype.value} on {gpu.id}: {latency_s * 1e3:.4f} ms"

@@ -1,0 +1,96 @@
+"""``tilesim kernels collect`` (time kernels on this machine) and ``kernels tc-calibrate``.
+
+`forecast.profile` is imported inside the handler only: it is the one module that times a
+device, and nothing else imports it. ``--op gemm --dims M,N,K`` (``kernels predict``) means
+``C[M,N] = A[M,K] B[K,N]`` and maps to a ``bmm`` KernelSpec with ``B = 1``: dims
+``(1, M, K, N)`` (bmm's third dim is the reduction), so no bias is counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from forecast.kernels import Dtype, KernelSpec, OpFamily
+from simulator.errors import ConfigError
+
+
+def gemm_kernel(dims_text: str, dtype: str) -> KernelSpec:
+    """``M,N,K`` (K the reduction) -> ``bmm (1, M, K, N)``; a `ConfigError` if malformed."""
+    try:
+        m, n, k = (int(x) for x in dims_text.split(","))
+        return KernelSpec(OpFamily.BMM, (1, m, k, n), Dtype(dtype))
+    except ValueError as e:
+        raise ConfigError(f"--op gemm --dims {dims_text!r}: give M,N,K positive ({e})") from None
+
+
+def add_collect_commands(ksub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``kernels collect`` and ``kernels tc-calibrate``."""
+    c = ksub.add_parser("collect", help="time kernels with PyTorch into a measurements CSV")
+    c.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where to time")
+    c.add_argument("--ops", default=None, help="comma list; default: every op of the collector")
+    c.add_argument("--dtypes", default=None, help="comma list of bf16,fp16,fp8,tf32,fp32")
+    c.add_argument("--out", type=Path, required=True, help="CSV to write or resume")
+    c.add_argument("--budget-s", type=float, default=None, help="stop after this many seconds")
+    c.add_argument("--repeats", type=int, default=10, help="timed calls per kernel (median)")
+    c.set_defaults(handler=_collect)
+
+    t = ksub.add_parser("tc-calibrate", help="fit the tensor-core model; print the holdout table")
+    t.add_argument("--data", type=Path, default=None, help="folder with microbenchmarks.json")
+    t.add_argument("--holdout", default="h200-sxm-141gb", help="GPU id kept out, or 'none'")
+    t.add_argument("--write", action="store_true", help="write forecast/data/tensor_core.toml")
+    t.add_argument("--json", action="store_true", help="print JSON rows")
+    t.set_defaults(handler=_tc_calibrate)
+
+
+def _choices(text: str | None, allowed: tuple[str, ...], flag: str) -> tuple[str, ...]:
+    if text is None:
+        return allowed
+    items = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in items if x not in allowed]
+    if bad:
+        raise ConfigError(f"{flag}: unknown {', '.join(bad)}; use {','.join(allowed)}")
+    return items
+
+
+def _collect(args: argparse.Namespace) -> int:
+    from forecast import profile
+
+    cfg = profile.CollectConfig(
+        device=args.device,
+        out=args.out,
+        ops=_choices(args.ops, profile.OPS, "--ops"),
+        dtypes=_choices(args.dtypes, profile.DTYPES, "--dtypes"),
+        budget_s=args.budget_s,
+        repeats=args.repeats,
+    )
+    if args.device == "cuda" and not profile.torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device here; use --device cpu")
+    rep = profile.collect(cfg)
+    pairs = sorted({" ".join(u.split(" ")[:2]) for u in rep.unsupported})
+    print(f"measured {rep.measured} kernels, skipped {rep.skipped_existing} already in {args.out}")
+    print(f"unsupported here (op dtype): {', '.join(pairs) or 'none'}")
+    stop = "budget reached" if rep.stopped_by_budget else "plan finished"
+    print(f"{stop} after {rep.elapsed_s:.1f} s")
+    return 0
+
+
+def _tc_calibrate(args: argparse.Namespace) -> int:
+    from forecast.tensor_core import DEFAULT_DATA_DIR, PARAMS_FILE, calibrate, validation_rows
+
+    data = args.data or DEFAULT_DATA_DIR
+    holdout = None if args.holdout == "none" else args.holdout
+    params = calibrate(data, holdout=holdout, out=PARAMS_FILE if args.write else None)
+    rows = validation_rows(params, data)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"calibrated on {params.calibrated_on}; held out: {holdout or 'none'}")
+    print(f"{'gpu':16} {'case':28} {'dtype':5} {'split':11} {'meas':>7} {'pred':>7} {'err%':>6}")
+    for r in rows:
+        print(
+            f"{r['gpu']!s:16} {r['case']!s:28} {r['dtype']!s:5} {r['split']!s:11} "
+            f"{r['measured_tflops']:7.1f} {r['predicted_tflops']:7.1f} {r['error_pct']:6.1f}"
+        )
+    return 0
