@@ -75,18 +75,30 @@ def sm_rate_flops_per_s(gpu: GPUSpec, dtype: Dtype) -> float:
     return gpu.peak_for(dtype) / gpu.num_sms
 
 
+def gemm_rate_flops_per_s(gpu: GPUSpec, dtype: Dtype) -> float:
+    """Peak FLOP/s of one SM for GEMMs: FP32 GEMMs use AMD's matrix cores where they exist."""
+    if dtype is Dtype.FP32 and gpu.fp32_matrix_flops_per_s is not None:
+        return gpu.fp32_matrix_flops_per_s / gpu.num_sms
+    if dtype is Dtype.FP32:
+        return 2.0 * gpu.fp32_dedicated_lanes_per_sm * gpu.boost_clock_hz
+    return gpu.peak_for(dtype) / gpu.num_sms
+
+
 def gpu_features(gpu: GPUSpec, dtype: Dtype) -> F64:
     """The GPU's own dimensionless features (same for every kernel on it)."""
-    rate = sm_rate_flops_per_s(gpu, dtype) * gpu.num_sms
+    del dtype  # one feature today: board power per FP32-lane GHz (power-limited cards)
     lanes_ghz = gpu.num_sms * gpu.fp32_dedicated_lanes_per_sm * gpu.boost_clock_hz / 1e9
     watts = gpu.tdp_w if gpu.tdp_w is not None else 2.5e-2 * lanes_ghz
-    del rate
     return np.array([np.log2(watts / lanes_ghz)])
 
 
 def _times(gpu: GPUSpec, kernels: list[KernelSpec], work: Work) -> tuple[F64, F64]:
     dtype = kernels[0].dtype
-    compute = work.blocks_per_sm * work.flops_per_block / sm_rate_flops_per_s(gpu, dtype)
+    if kernels[0].family in GEMM_FAMILIES:
+        rate = gemm_rate_flops_per_s(gpu, dtype)
+    else:
+        rate = sm_rate_flops_per_s(gpu, dtype)
+    compute = work.blocks_per_sm * work.flops_per_block / rate
     total_bytes = np.array([k.bytes() for k in kernels], dtype=np.float64)
     return compute, total_bytes / gpu.hbm_bw_bytes_per_s
 

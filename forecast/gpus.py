@@ -51,6 +51,9 @@ class GPUSpec(BaseModel):
     peak_flops_per_s: dict[Dtype, float] = Field(
         description="dense peak per dtype: fp32 = CUDA-core/vector rate, others = tensor/matrix"
     )
+    fp32_matrix_flops_per_s: float | None = Field(
+        default=None, gt=0, description="AMD 'Matrix FP32' (MFMA) peak, used by FP32 GEMMs"
+    )
     neusight_names: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
 

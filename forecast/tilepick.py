@@ -5,10 +5,9 @@ output columns by 64 output rows per thread block) and launches split-K as the g
 ``z`` dimension beyond the batch. `TilePicker` keeps, per training GPU and family, the
 shapes it saw with the tile and split the library chose. For a GPU it has not seen it
 borrows the choices of the training GPU of the closest architecture (compute capability
-first, then SM count), and looks up the nearest measured shape in log2 space of
-``(B, M, N, K)``, where a step means "twice as large" on every axis: NeuSight's raw
-distance made every lookup land on
-the largest shapes of one GPU.
+first, then SM count; the newest table for another vendor's GPU), and looks up the nearest
+measured shape in log2 space of ``(B, M, N, K)``, where a step means "twice as large" on
+every axis (NeuSight's raw distance sent every lookup to the largest shapes of one GPU).
 """
 
 from __future__ import annotations
@@ -84,11 +83,9 @@ class TilePicker:
         cc = _cc_number(gpu.compute_capability)
 
         def distance(t: TileTable) -> tuple[bool, float, float]:
-            return (
-                t.gpu_id != gpu.id,
-                abs(t.compute_capability - cc),
-                abs(np.log2(t.num_sms / gpu.num_sms)),
-            )
+            # another vendor's ISA ("gfx90a") has no NVIDIA neighbour: take the newest table
+            arch = abs(t.compute_capability - cc) if cc >= 0 else -t.compute_capability
+            return (t.gpu_id != gpu.id, arch, abs(np.log2(t.num_sms / gpu.num_sms)))
 
         return min(cands, key=distance)
 
