@@ -1,0 +1,120 @@
+"""TensorCoreModel: errors for unknown pairs, wave quantisation, calibration vs measurements."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from forecast.dtype_router import BandwidthModel, DtypeRouter
+from forecast.gpus import GPUError, GPUSpec, load_gpu
+from forecast.kernels import Dtype, KernelSpec, OpFamily
+from forecast.predict import load_latency_model
+from forecast.roofline import RooflineModel
+from forecast.tensor_core import (
+    DEFAULT_DATA_DIR,
+    TensorCoreError,
+    TensorCoreModel,
+    calibrate,
+    load_params,
+    validation_rows,
+)
+from simulator.cli import main
+
+A100, H200 = "a100-sxm4-80gb", "h200-sxm-141gb"
+needs_data = pytest.mark.skipif(
+    not (DEFAULT_DATA_DIR / "microbenchmarks.json").is_file(), reason="no ../shared data"
+)
+
+
+def _gemm(n: int, dtype: Dtype, m: int | None = None) -> KernelSpec:
+    return KernelSpec(OpFamily.BMM, (1, m or n, n, n), dtype)
+
+
+def test_fp8_on_a100_is_a_clear_error() -> None:
+    with pytest.raises(GPUError, match="no fp8 peak"):
+        TensorCoreModel().predict_s([_gemm(1024, Dtype.FP8)], load_gpu(A100))
+
+
+@pytest.mark.parametrize(
+    "kernel",
+    [_gemm(256, Dtype.FP32), KernelSpec(OpFamily.SOFTMAX, (8, 128), Dtype.BF16)],
+)
+def test_non_tensor_core_kernels_are_refused(kernel: KernelSpec, tiny_gpu: GPUSpec) -> None:
+    with pytest.raises(TensorCoreError):
+        TensorCoreModel().predict_s([kernel], tiny_gpu)
+
+
+def test_never_faster_than_peak_and_batching_is_per_kernel() -> None:
+    gpu = load_gpu(H200)
+    kernels = [_gemm(n, dt) for n in (128, 1000, 4096, 16384) for dt in (Dtype.BF16, Dtype.FP8)]
+    kernels.append(KernelSpec(OpFamily.ATTENTION, (32, 4096, 4096, 128), Dtype.BF16))
+    model = TensorCoreModel()
+    batched = model.predict_s(kernels, gpu)
+    single = np.array([model.predict_s([k], gpu)[0] for k in kernels])
+    np.testing.assert_allclose(batched, single)
+    peaks = np.array([gpu.peak_for(k.dtype) for k in kernels])
+    assert np.all(np.array([k.flops() for k in kernels]) / batched < peaks)
+
+
+def test_wave_quantisation_one_more_tile_row_costs_a_wave() -> None:
+    """1024 x 2145 on A100: 136 tiles of 128x128 on 108 SMs run two waves, not 1.05x."""
+    gpu, model = load_gpu(A100), TensorCoreModel()
+    base, wider = model.predict_s([_gemm(1024, Dtype.FP16), _gemm(1024, Dtype.FP16, 2145)], gpu)
+    assert wider / base > 1.5
+
+
+def test_attention_flops_and_bytes_closed_form() -> None:
+    k = KernelSpec(OpFamily.ATTENTION, (2, 8, 16, 4), Dtype.FP16)
+    assert k.flops() == 4 * 2 * 8 * 16 * 4
+    assert k.bytes() == 2 * 2 * 4 * (2 * 8 + 2 * 16)
+
+
+@needs_data
+def test_holdout_gpu_within_targets() -> None:
+    """Calibrated on A100 FP16 only: H200 FP8 GEMMs within 10% above 2048^3, 25% below."""
+    rows = validation_rows(calibrate(holdout=H200))
+    held = [r for r in rows if r["split"] == "holdout" and str(r["case"]).startswith("gemm")]
+    assert len(held) >= 5
+    for r in held:
+        m, n, k = (int(x) for x in str(r["case"]).split()[1].split("x"))
+        limit = 10.0 if m * n * k > 2048**3 else 25.0
+        assert abs(float(r["error_pct"])) <= limit, r  # type: ignore[arg-type]
+
+
+@needs_data
+def test_committed_constants_are_the_calibration_output() -> None:
+    fresh, committed = calibrate(holdout=H200), load_params()
+    assert committed.calibrated_on == fresh.calibrated_on == A100
+    assert committed.level == pytest.approx(fresh.level)
+    assert committed.launch_s == pytest.approx(fresh.launch_s)
+
+
+def test_router_sends_each_dtype_to_its_model(tiny_gpu: GPUSpec) -> None:
+    router = DtypeRouter(RooflineModel, bandwidth=BandwidthModel(0.5, launch_s=1e-6))
+    fp32 = _gemm(256, Dtype.FP32)
+    soft = KernelSpec(OpFamily.SOFTMAX, (1024, 1024), Dtype.BF16)
+    gemm = _gemm(2048, Dtype.BF16)
+    got = router.predict_s([fp32, soft, gemm], tiny_gpu)
+    assert got[0] == RooflineModel().predict_s([fp32], tiny_gpu)[0]
+    assert got[1] == pytest.approx(1e-6 + 2 * 2 * 1024 * 1024 / (0.5 * 1e11))
+    assert got[2] == TensorCoreModel().predict_s([gemm], tiny_gpu)[0]
+    assert [router.route(k) for k in (fp32, soft, gemm)] == ["fp32", "bandwidth", "tensor-core"]
+
+
+def test_auto_model_is_registered_and_fp32_unchanged() -> None:
+    gpu, k = load_gpu(A100), _gemm(512, Dtype.FP32)
+    try:
+        mlp = load_latency_model("tile-mlp")
+    except ValueError:
+        pytest.skip("no trained weights")
+    assert load_latency_model("auto").predict_s([k], gpu)[0] == mlp.predict_s([k], gpu)[0]
+
+
+def test_cli_predict_gemm_fp8_json(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["kernels", "predict", "--gpu", H200, "--op", "gemm", "--dims", "8192,8192,8192"]
+    assert main([*argv, "--dtype", "fp8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tflops"] == pytest.approx(2 * 8192**3 / out["latency_s"] / 1e12)
+    assert 0 < out["tflops"] < 1979
