@@ -73,9 +73,9 @@ class TrainingSection(BaseModel):
     global_batch_size: int = Field(gt=0)
     dtype: Dtype = Dtype.BF16
     framework: Literal["megatron", "hf-eager"] = "megatron"
-    latency_model: Literal[
-        "auto", "roofline", "roofline-derated", "tile-mlp", "tensor-core"
-    ] = "auto"
+    latency_model: Literal["auto", "roofline", "roofline-derated", "tile-mlp", "tensor-core"] = (
+        "auto"
+    )
 
 
 class Scenario(BaseModel):

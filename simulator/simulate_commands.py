@@ -14,10 +14,8 @@ from simulator.scenario import load_scenario, resolve
 from simulator.simulate import latency_table, simulate_timeline
 from simulator.trace import write_trace
 
-Sub = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
-
-def add_simulate_commands(sub: Sub) -> None:
+def add_simulate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``simulate``."""
     p = sub.add_parser("simulate", help="predict one distributed training step of a scenario")
     p.add_argument("scenario", type=Path, help="scenario TOML file")
@@ -34,7 +32,7 @@ def add_simulate_commands(sub: Sub) -> None:
     p.set_defaults(handler=_simulate)
 
 
-def add_validate_distributed(vs: Sub) -> None:
+def add_validate_distributed(vs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``validate distributed`` under the ``validate`` subcommand."""
     d = vs.add_parser("distributed", help="distributed step vs A100 4-GPU labels, published runs")
     d.add_argument("--latency-model", default="auto", help="auto | roofline-derated | ...")
