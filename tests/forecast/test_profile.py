@@ -1,0 +1,76 @@
+"""The collector on the CPU: every op and dtype the CPU supports, resumable, budgeted."""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from forecast.dataset import load_measurements
+from forecast.profile import DTYPES, OPS, CollectConfig, collect, plan
+from simulator.cli import main
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_cpu_run_covers_every_op_and_cpu_dtype_quickly(tmp_path: Path) -> None:
+    out = tmp_path / "m.csv"
+    t0 = time.perf_counter()
+    report = collect(CollectConfig(device="cpu", out=out, warmup=1, repeats=3))
+    assert time.perf_counter() - t0 < 60.0
+    rows = _rows(out)
+    assert {(r["OPName"], r["dtype"]) for r in rows} >= {
+        (name, dt)
+        for name in ("bmm", "attention", "add", "ln", "rmsnorm", "softmax", "embedding", "adam")
+        for dt in ("fp32", "bf16")
+    }
+    assert all(float(r["Latency"]) > 0 and r["Kernel Name"] for r in rows)
+    assert report.measured == len(rows) and not report.stopped_by_budget
+    assert any("fp8" in u for u in report.unsupported)  # CPU: no fp8 or tf32, said so
+    meta = json.loads(out.with_suffix(".meta.json").read_text())
+    assert {"torch", "cuda", "device_name"} <= set(meta)
+
+
+def test_rerun_skips_measured_rows(tmp_path: Path) -> None:
+    out = tmp_path / "m.csv"
+    cfg = CollectConfig(device="cpu", out=out, ops=("gemm", "softmax"), dtypes=("fp32",), repeats=2)
+    first = collect(cfg)
+    second = collect(cfg)
+    assert second.measured == 0 and second.skipped_existing == first.measured
+    assert len(_rows(out)) == first.measured
+
+
+def test_budget_stops_cleanly_and_resume_finishes(tmp_path: Path) -> None:
+    out = tmp_path / "m.csv"
+    cfg = CollectConfig(device="cpu", out=out, dtypes=("fp32",), budget_s=0.0, repeats=2)
+    assert collect(cfg).stopped_by_budget and _rows(out) == []
+    done = collect(CollectConfig(device="cpu", out=out, dtypes=("fp32",), repeats=2))
+    assert done.measured == len(plan(OPS, ("fp32",), "cpu"))
+
+
+def test_plan_covers_every_pair_before_any_second_shape() -> None:
+    jobs = plan(OPS, DTYPES, "cuda")
+    first = jobs[: len(OPS) * len(DTYPES)]
+    assert {(op, dt) for op, dt, _ in first} == {(op, dt) for op in OPS for dt in DTYPES}
+
+
+def test_gemm_rows_load_as_bmm_measurements(tmp_path: Path) -> None:
+    out = tmp_path / "m.csv"
+    collect(CollectConfig(device="cpu", out=out, ops=("gemm",), dtypes=("fp32",), repeats=2))
+    meas = load_measurements([out])
+    assert len(meas.frame) == len(_rows(out)) and set(meas.frame["family"]) == {"bmm"}
+
+
+def test_cli_collect_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "c.csv"
+    argv = ["kernels", "collect", "--device", "cpu", "--ops", "softmax", "--dtypes", "fp32,fp8"]
+    assert main([*argv, "--out", str(out), "--repeats", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "measured 2 kernels" in text and "softmax fp8" in text
+    assert main(["kernels", "collect", "--device", "cpu", "--ops", "nope", "--out", "x"]) == 2
