@@ -7,6 +7,10 @@ kernel forecast is done once outside (`latency_table`) and reused across layouts
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from forecast.predict import LatencyTable, forecast_table
 from simulator.dist_memory import MemoryBreakdown, stage_memory
 from simulator.execgraph import build_exec_graph
@@ -48,12 +52,25 @@ def peak_memory(inputs: SimInputs, layout: Layout) -> MemoryBreakdown:
     return max(stages, key=lambda m: m.total_bytes)
 
 
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC: the graph's many small dicts hold no cycles worth a rescan."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def simulate_timeline(
     inputs: SimInputs, run: RunConfig, table: LatencyTable
 ) -> tuple[StepResult, Timeline]:
     """Simulate one layout; also return the timeline (for traces)."""
     layout = layout_of(inputs, run)
-    timeline = schedule(build_exec_graph(step_costs(inputs, layout, table)))
+    with _gc_paused():
+        timeline = schedule(build_exec_graph(step_costs(inputs, layout, table)))
     info = StepInfo(
         model=inputs.model,
         layout=layout,
