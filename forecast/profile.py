@@ -256,6 +256,7 @@ def launch_info(fn: Fn, device: str, trace: Path) -> tuple[str, list[int]]:
         _sync(device)
     prof.export_chrome_trace(str(trace))
     events = json.loads(trace.read_text()).get("traceEvents", [])
+    trace.unlink(missing_ok=True)
     cat = "kernel" if device != "cpu" else "cpu_op"
     ours = [e for e in events if e.get("cat") == cat and "dur" in e]
     if not ours:
