@@ -1,0 +1,165 @@
+"""The closed-form screen: step time and memory of a layout in tens of microseconds.
+
+Same inputs as `simulate` (kernel table, `topologies` collective costs, `dist_memory`), but
+no execution graph. With ``T`` the slowest stage's time for one micro-batch through all its
+chunks (layer forward + backward + recompute + blocking TP/EP/CP communication, plus the
+embedding and head on the stages that hold them), ``m`` micro-batches and ``v`` chunks:
+
+    forward-backward = T * (m + (pp - 1) / v) + 2 * (pp * v - 1) * hop
+
+i.e. the GPipe/1F1B bubble ``(p-1)/(m+p-1)`` (``/v`` interleaved). The DP gradient reduction
+of the fullest stage is exposed for one bucket when it overlaps the backward, fully otherwise;
+the sharded optimizer's parameter all-gather and the optimizer step are added. ZeRO-3 pays its
+gathers and scatters unoverlapped (a pessimistic screen). Memory is `dist_memory`'s, with
+the schedule's in-flight micro-batches in closed form (`in_flight_closed`).
+
+Kernel block times and collective costs repeat across layouts, so `ScreenCache` memoises them
+per shard shape and per (collective, bytes, group); a cache lives in one worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from forecast.predict import LatencyTable
+from simulator.comm import (
+    LayerComm,
+    collective_s,
+    grad_itemsize_bytes,
+    layer_comm,
+    param_itemsize_bytes,
+)
+from simulator.dist_memory import MemoryBreakdown, stage_memory
+from simulator.parallel import Layout, RunConfig
+from simulator.scenario import SimInputs
+from simulator.simulate import layout_of
+from simulator.stagecost import BlockTimes, block_times, shard_kernels
+from simulator.stepcosts import stage_params
+
+
+def in_flight_closed(schedule: str, pp: int, m: int, v: int, stage: int) -> int:
+    """Micro-batch activations a stage holds at once (equals `schedules.in_flight`)."""
+    if schedule == "gpipe":
+        return m * v
+    total = m * v
+    if v == 1:
+        warm = min(pp - stage - 1, m)
+    else:
+        warm = min((pp - stage - 1) * 2 + (v - 1) * pp, total)
+    return warm + 1 if total > warm else total
+
+
+@dataclass
+class ScreenCache:
+    """Memoised block times and collective costs for one context (one worker's copy)."""
+
+    inputs: SimInputs
+    table: LatencyTable
+    blocks: dict[tuple[Any, ...], BlockTimes] = field(default_factory=dict)
+    comms: dict[tuple[Any, ...], LayerComm] = field(default_factory=dict)
+    colls: dict[tuple[Any, ...], float] = field(default_factory=dict)
+
+    def block(self, run: RunConfig) -> BlockTimes:
+        """Kernel seconds per block for this shard shape."""
+        key = (run.tp, run.cp, run.ep, run.micro_batch_size, run.sequence_parallel)
+        if key not in self.blocks:
+            sk = shard_kernels(self.inputs, run)
+            self.blocks[key] = block_times(sk, self.table, run)
+        return self.blocks[key]
+
+    def layer(self, layout: Layout) -> LayerComm:
+        """Per-layer communication seconds for this shard shape and group placement."""
+        r = layout.run
+        key = (r.tp, r.cp, r.ep, r.micro_batch_size, r.sequence_parallel, layout.pp_pair)
+        if key not in self.comms:
+            self.comms[key] = layer_comm(self.inputs, layout)
+        return self.comms[key]
+
+    def dp(self, op: str, nbytes: float, layout: Layout) -> float:
+        """One collective over the layout's DP group."""
+        key = (op, round(nbytes), layout.run.tp, layout.run.cp, layout.dp)
+        if key not in self.colls:
+            group = layout.dp_group
+            self.colls[key] = collective_s(op, nbytes, group, self.inputs.cluster)  # type: ignore[arg-type]
+        return self.colls[key]
+
+
+@dataclass(frozen=True, slots=True)
+class Screened:
+    """The screen's estimate for one layout."""
+
+    iteration_s: float
+    tokens_per_s: float
+    memory: MemoryBreakdown
+
+
+def _stage_mb_s(cache: ScreenCache, layout: Layout) -> list[float]:
+    """Seconds of one micro-batch through every chunk of each stage."""
+    run = layout.run
+    bt, lc = cache.block(run), cache.layer(layout)
+    full = run.recompute == "full"
+    redo = {"none": 0.0, "selective": bt.attention_fw_s, "full": bt.layer_fw_s}[run.recompute]
+    layer = bt.layer_fw_s + bt.layer_bw_s + redo + lc.tp_fw_s + lc.tp_bw_s
+    layer += (lc.tp_fw_s + lc.ep_fw_s) if full else 0.0
+    layer += lc.ep_fw_s + lc.ep_bw_s
+    layer += max(0.0, lc.cp_fw_s - bt.attention_fw_s) + max(0.0, lc.cp_bw_s - 2.5 * bt.attention_fw_s)
+    pp, v = run.pp, layout.chunks
+    out = []
+    for s in range(pp):
+        t = sum(layout.layers_per_stage[s]) * layer
+        if s == 0:
+            t += bt.embed_fw_s + bt.embed_bw_s + lc.tp_embed_s
+        if (pp * v - 1) % pp == s:
+            t += bt.head_fw_s + bt.head_bw_s
+        out.append(t)
+    return out
+
+
+def _dp_s(cache: ScreenCache, layout: Layout, params: float) -> float:
+    """Exposed DP communication of a stage holding ``params`` parameters."""
+    run, dtype = layout.run, cache.inputs.dtype
+    grads = params * grad_itemsize_bytes(dtype)
+    weights = params * param_itemsize_bytes(dtype)
+    if run.zero_stage >= 3:
+        per_chunk = 1.0 / layout.chunks
+        gather = cache.dp("all-gather", weights * per_chunk, layout)
+        scatter = cache.dp("reduce-scatter", grads * per_chunk, layout)
+        return layout.num_micro_batches * layout.chunks * (2 * gather + scatter)
+    op = "reduce-scatter" if run.shards_optimizer else "all-reduce"
+    grad = cache.dp(op, grads, layout)
+    exposed = grad / run.buckets if run.overlap_grad_reduce else grad
+    if run.shards_optimizer:
+        exposed += cache.dp("all-gather", weights, layout)
+    return exposed
+
+
+def _memory(cache: ScreenCache, layout: Layout, params: list[float]) -> MemoryBreakdown:
+    run, m, v = layout.run, layout.num_micro_batches, layout.chunks
+    stages = [
+        stage_memory(
+            cache.inputs, layout, s, params[s], in_flight_closed(run.schedule, run.pp, m, v, s)
+        )
+        for s in range(run.pp)
+    ]
+    return max(stages, key=lambda x: x.total_bytes)
+
+
+def screen(cache: ScreenCache, run: RunConfig) -> Screened:
+    """Closed-form step time, throughput and peak memory of one layout."""
+    inputs = cache.inputs
+    layout = layout_of(inputs, run)
+    lc = cache.layer(layout)
+    per_mb = _stage_mb_s(cache, layout)
+    m, v, pp = layout.num_micro_batches, layout.chunks, run.pp
+    fb = max(per_mb) * (m + (pp - 1) / v) + 2 * (pp * v - 1) * lc.pp_hop_s
+    params = stage_params(inputs, layout)
+    shard = layout.dp * run.cp if run.shards_optimizer else 1
+    adam = cache.block(run).adam_s_per_param
+    tail = max(_dp_s(cache, layout, p) + p / shard * adam for p in params)
+    iteration = fb + tail
+    return Screened(
+        iteration_s=iteration,
+        tokens_per_s=inputs.global_batch_size * inputs.seq_len / iteration,
+        memory=_memory(cache, layout, params),
+    )

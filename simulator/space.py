@@ -1,0 +1,219 @@
+"""The layouts a sweep visits: `[sweep]` lists -> cluster contexts x parallel layouts.
+
+A scenario's ``[sweep]`` table holds lists; any `RunConfig` key not listed takes the ``[run]``
+value. ``world_size`` lists cluster sizes (default ``cluster.num_gpus``). A procurement study
+adds ``[[sweep.options]]`` tables (``id``, ``gpu``, ``server``, ``network``, optional
+``num_gpus`` list, ``gpus_per_node``, and the user's ``price_per_gpu_hour`` and
+``power_w_per_gpu``) and ``train_tokens = [N]`` (one value; the table holds lists).
+
+Each (option, world size) is a `Context` (resolved `SimInputs`); each layout is a `Point`, a
+flat frozen record that travels to workers cheaply. Layouts that break a rule (tp does not
+divide the heads, virtual stages without interleaving, ...) or duplicate another layout
+(sequence parallelism at tp 1, ZeRO at dp 1, pipeline schedules at pp 1) are pruned and counted;
+layouts that are valid but do not fit in memory are kept and become ``infeasible`` rows.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from simulator.errors import ConfigError
+from simulator.parallel import RunConfig
+from simulator.scenario import Scenario, SimInputs, resolve
+from simulator.simulate import layout_of
+
+RUN_KEYS = (
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "micro_batch_size",
+    "schedule",
+    "virtual_stages",
+    "sequence_parallel",
+    "recompute",
+    "zero_stage",
+    "distributed_optimizer",
+)
+OPTION_KEYS = {"id", "gpu", "server", "network", "num_gpus", "gpus_per_node"}
+OPTION_KEYS |= {"nics_per_node", "price_per_gpu_hour", "power_w_per_gpu"}
+SWEEP_KEYS = {*RUN_KEYS, "world_size", "options", "train_tokens"}
+SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios"
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One layout of one context; field order is the sort order of results."""
+
+    context: int
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    micro_batch_size: int
+    schedule: str
+    virtual_stages: int
+    sequence_parallel: bool
+    recompute: str
+    zero_stage: int
+    distributed_optimizer: bool
+
+    def run(self, base: RunConfig) -> RunConfig:
+        """The `RunConfig`: ``base`` with this point's keys (values validated when swept)."""
+        return base.model_copy(update={k: getattr(self, k) for k in RUN_KEYS})
+
+    def key(self, context_id: str) -> str:
+        """A stable, readable id of the layout, unique within a sweep."""
+        sp, do = int(self.sequence_parallel), int(self.distributed_optimizer)
+        return (
+            f"{context_id}/tp{self.tp}-pp{self.pp}-dp{self.dp}-cp{self.cp}-"
+            f"mbs{self.micro_batch_size}-{self.schedule}-v{self.virtual_stages}-sp{sp}-"
+            f"{self.recompute}-z{self.zero_stage}-do{do}"
+        )
+
+
+@dataclass(frozen=True)
+class Context:
+    """One cluster option at one size, resolved, with the user's price and power."""
+
+    id: str
+    option: str
+    inputs: SimInputs
+    server: str
+    network: str
+    price_per_gpu_hour: float | None
+    power_w_per_gpu: float | None
+
+
+@dataclass(frozen=True)
+class Space:
+    """Every layout to evaluate, the contexts they refer to and what was pruned."""
+
+    contexts: tuple[Context, ...]
+    points: tuple[Point, ...]
+    pruned: int
+    train_tokens: float | None
+
+
+def find_scenario(name: str | Path) -> Path:
+    """A scenario path, or the shipped file whose stem (``_`` as ``-``) equals ``name``."""
+    path = Path(name)
+    if path.suffix == ".toml" or path.exists():
+        if not path.exists():
+            raise ConfigError(f"scenario {path}: no such file")
+        return path
+    for candidate in sorted(SCENARIO_DIR.glob("*.toml")):
+        if name in (candidate.stem, candidate.stem.replace("_", "-")):
+            return candidate
+    known = ", ".join(p.stem.replace("_", "-") for p in sorted(SCENARIO_DIR.glob("*.toml")))
+    raise ConfigError(f"scenario {name!r}: not a file nor a shipped id ({known})")
+
+
+def _values(scenario: Scenario, key: str) -> list[Any]:
+    values = scenario.sweep.get(key, [getattr(scenario.run, key)])
+    if not values:
+        raise ConfigError(f"sweep.{key}: empty list")
+    for v in values:
+        try:
+            RunConfig.model_validate({key: v})
+        except ValidationError as e:
+            raise ConfigError(f"sweep.{key}: {v!r}: {e.errors()[0]['msg']}") from e
+    return list(dict.fromkeys(values))
+
+
+def _options(scenario: Scenario) -> list[dict[str, Any]]:
+    raw = scenario.sweep.get("options") or [{}]
+    out = []
+    for i, opt in enumerate(raw):
+        if not isinstance(opt, dict) or set(opt) - OPTION_KEYS:
+            bad = sorted(set(opt) - OPTION_KEYS) if isinstance(opt, dict) else opt
+            raise ConfigError(f"sweep.options[{i}]: unknown keys {bad}; use {sorted(OPTION_KEYS)}")
+        out.append(opt)
+    return out
+
+
+def _contexts(scenario: Scenario) -> list[Context]:
+    sizes = scenario.sweep.get("world_size", [scenario.cluster.num_gpus])
+    out: list[Context] = []
+    for opt in _options(scenario):
+        base = scenario.cluster.model_dump()
+        cluster = {k: opt.get(k, base[k]) for k in ("gpu", "server", "network")}
+        cluster |= {k: opt[k] for k in ("gpus_per_node", "nics_per_node") if k in opt}
+        name = str(opt.get("id", cluster["gpu"]))
+        for n in opt.get("num_gpus", sizes):
+            section = scenario.cluster.model_copy(update={**cluster, "num_gpus": int(n)})
+            inputs = resolve(scenario.model_copy(update={"cluster": section}))
+            out.append(
+                Context(
+                    id=f"{name}@{n}",
+                    option=name,
+                    inputs=inputs,
+                    server=section.server,
+                    network=section.network or "",
+                    price_per_gpu_hour=opt.get("price_per_gpu_hour"),
+                    power_w_per_gpu=opt.get("power_w_per_gpu"),
+                )
+            )
+    return out
+
+
+def _duplicate(p: dict[str, Any]) -> bool:
+    """True for a layout equal to another one in the space (nothing new to learn)."""
+    interleaved = p["schedule"] == "1f1b-interleaved"
+    return (
+        (p["sequence_parallel"] and p["tp"] == 1)
+        or (interleaved and p["virtual_stages"] == 1)
+        or (p["pp"] == 1 and p["schedule"] != "1f1b")
+    )
+
+
+def _cheap_ok(p: dict[str, Any], inputs: SimInputs) -> bool:
+    """Integer rules checked before building a layout (fast rejection of most of a grid)."""
+    per_replica = p["tp"] * p["pp"] * p["cp"]
+    if inputs.num_gpus % per_replica:
+        return False
+    dp = p["dp"] or inputs.num_gpus // per_replica
+    if dp * per_replica != inputs.num_gpus or inputs.global_batch_size % (
+        dp * p["micro_batch_size"]
+    ):
+        return False
+    return not ((p["zero_stage"] or p["distributed_optimizer"]) and dp * p["cp"] == 1)
+
+
+def enumerate_space(scenario: Scenario) -> Space:
+    """Every valid, distinct layout of every context; invalid ones are only counted."""
+    unknown = set(scenario.sweep) - SWEEP_KEYS
+    if unknown:
+        raise ConfigError(f"sweep: unknown keys {sorted(unknown)}; use {sorted(SWEEP_KEYS)}")
+    grid = [_values(scenario, k) for k in RUN_KEYS]
+    contexts = _contexts(scenario)
+    points: list[Point] = []
+    pruned = 0
+    for ci, ctx in enumerate(contexts):
+        for combo in itertools.product(*grid):
+            p = dict(zip(RUN_KEYS, combo, strict=True))
+            if _duplicate(p) or not _cheap_ok(p, ctx.inputs):
+                pruned += 1
+                continue
+            try:
+                layout = layout_of(ctx.inputs, scenario.run.model_copy(update=p))
+            except ConfigError:
+                pruned += 1
+                continue
+            points.append(Point(context=ci, **(p | {"dp": layout.dp})))
+    tokens = scenario.sweep.get("train_tokens")
+    return Space(
+        contexts=tuple(contexts),
+        points=tuple(sorted(points, key=_sort_key)),
+        pruned=pruned,
+        train_tokens=float(tokens[0]) if tokens else None,
+    )
+
+
+def _sort_key(p: Point) -> tuple[Any, ...]:
+    return tuple(getattr(p, f.name) for f in fields(p))
