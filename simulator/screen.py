@@ -43,10 +43,8 @@ def in_flight_closed(schedule: str, pp: int, m: int, v: int, stage: int) -> int:
     if schedule == "gpipe":
         return m * v
     total = m * v
-    if v == 1:
-        warm = min(pp - stage - 1, m)
-    else:
-        warm = min((pp - stage - 1) * 2 + (v - 1) * pp, total)
+    later = pp - stage - 1
+    warm = min(later, m) if v == 1 else min(later * 2 + (v - 1) * pp, total)
     return warm + 1 if total > warm else total
 
 
@@ -103,7 +101,8 @@ def _stage_mb_s(cache: ScreenCache, layout: Layout) -> list[float]:
     layer = bt.layer_fw_s + bt.layer_bw_s + redo + lc.tp_fw_s + lc.tp_bw_s
     layer += (lc.tp_fw_s + lc.ep_fw_s) if full else 0.0
     layer += lc.ep_fw_s + lc.ep_bw_s
-    layer += max(0.0, lc.cp_fw_s - bt.attention_fw_s) + max(0.0, lc.cp_bw_s - 2.5 * bt.attention_fw_s)
+    layer += max(0.0, lc.cp_fw_s - bt.attention_fw_s)
+    layer += max(0.0, lc.cp_bw_s - 2.5 * bt.attention_fw_s)
     pp, v = run.pp, layout.chunks
     out = []
     for s in range(pp):
