@@ -1,0 +1,253 @@
+"""`run_sweep`: one pure chunk function mapped serially or over Ray (the only Ray importer).
+
+``evaluate_chunk(tier, points, shared)`` turns layouts into rows: the ``screen`` tier prices
+each with the closed form (`screen`), the ``simulate`` tier with `simulate`. It is a pure
+function of its arguments, so the serial executor (a loop) and the Ray executor (the same
+function as a remote task over chunks) give identical rows; rows are sorted by key.
+
+Ray: unless ``address`` names a cluster, a local Ray is started with ``num_cpus=workers``,
+no dashboard and usage stats off, and shut down afterwards. The `Shared` inputs (contexts and
+their kernel tables, computed once in the driver) are sent once with ``ray.put``. A task whose
+worker dies is retried by Ray (``max_retries``); if it still fails, its layouts become
+``error`` rows. An exception inside one layout becomes that layout's ``error`` row (with the
+traceback) and the others go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from forecast.predict import LatencyTable
+from simulator.errors import InfeasibleConfig
+from simulator.parallel import RunConfig
+from simulator.rows import Row, add_training_cost, blank_row
+from simulator.screen import ScreenCache, screen
+from simulator.simulate import latency_table, simulate
+from simulator.space import Context, Point, Space
+
+Tier = Literal["screen", "simulate"]
+Executor = Literal["serial", "ray"]
+MAX_RETRIES = 3
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What every chunk needs: contexts, one kernel table per context, the base run."""
+
+    contexts: tuple[Context, ...]
+    tables: tuple[LatencyTable, ...]
+    base_run: RunConfig
+    train_tokens: float | None
+
+
+def build_shared(space: Space, base_run: RunConfig) -> Shared:
+    """Forecast each GPU's kernels once (one representative run per shard shape)."""
+    by_gpu: dict[str, dict[tuple[Any, ...], RunConfig]] = {}
+    for p in space.points:
+        run = p.run(base_run)
+        key = (run.tp, run.cp, run.ep, run.micro_batch_size, run.sequence_parallel)
+        by_gpu.setdefault(space.contexts[p.context].inputs.gpu.name, {})[key] = run
+    tables: dict[str, LatencyTable] = {}
+    for ctx in space.contexts:
+        name = ctx.inputs.gpu.name
+        if name not in tables:
+            tables[name] = latency_table(ctx.inputs, list(by_gpu.get(name, {}).values()))
+    return Shared(
+        contexts=space.contexts,
+        tables=tuple(tables[c.inputs.gpu.name] for c in space.contexts),
+        base_run=base_run,
+        train_tokens=space.train_tokens,
+    )
+
+
+def select_candidates(rows: Sequence[Row], *, top: int, per_context: int) -> list[str]:
+    """Keys to simulate: the ``top`` fitting layouts by screen tokens/s, plus the best
+    ``per_context`` of every context (so scaling and procurement have a simulated best)."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    ok.sort(key=lambda r: (-r["screen_tokens_per_s"], r["key"]))
+    keys = [r["key"] for r in ok[:top]]
+    seen: dict[str, int] = {}
+    for r in ok:
+        if seen.get(r["context"], 0) < per_context:
+            seen[r["context"]] = seen.get(r["context"], 0) + 1
+            keys.append(r["key"])
+    return sorted(set(keys))
+
+
+def layout_row(shared: Shared, p: Point, tier: Tier) -> Row:
+    """The layout columns of a row (no results yet)."""
+    ctx = shared.contexts[p.context]
+    inputs = ctx.inputs
+    layout = {k: getattr(p, k) for k in p.__slots__ if k != "context"}
+    return blank_row(
+        key=p.key(ctx.id),
+        option=ctx.option,
+        context=ctx.id,
+        gpu=inputs.gpu.name,
+        server=ctx.server,
+        network=ctx.network,
+        num_gpus=inputs.num_gpus,
+        tier=tier,
+        price_per_gpu_hour=ctx.price_per_gpu_hour,
+        power_w_per_gpu=ctx.power_w_per_gpu,
+        train_tokens=shared.train_tokens,
+        **layout,
+    )
+
+
+def _screen_row(row: Row, cache: ScreenCache, run: RunConfig) -> None:
+    est = screen(cache, run)
+    mem = est.memory
+    row.update(
+        screen_iteration_s=est.iteration_s,
+        screen_tokens_per_s=est.tokens_per_s,
+        memory_gib_per_gpu=mem.total_bytes / 2**30,
+        fits=mem.fits,
+        status="ok" if mem.fits else "infeasible",
+        reason=mem.reason,
+    )
+
+
+def _simulate_row(row: Row, shared: Shared, p: Point, run: RunConfig) -> None:
+    res = simulate(shared.contexts[p.context].inputs, run, shared.tables[p.context]).to_row()
+    exposed = res.pop("exposed_comm_s")
+    res.pop("dp")
+    row.update({k: v for k, v in res.items() if k in row})
+    row.update({f"exposed_{k}_s": v for k, v in exposed.items()})
+    row["status"] = "ok" if res["fits"] else "infeasible"
+    add_training_cost(row)
+
+
+def evaluate_chunk(tier: Tier, points: Sequence[Point], shared: Shared) -> list[Row]:
+    """Rows for a chunk of layouts; unexpected errors are recorded per layout."""
+    caches: dict[int, ScreenCache] = {}
+    rows = []
+    for p in points:
+        row = layout_row(shared, p, tier)
+        try:
+            run = p.run(shared.base_run)
+            if tier == "screen":
+                if p.context not in caches:
+                    ctx = shared.contexts[p.context]
+                    caches[p.context] = ScreenCache(ctx.inputs, shared.tables[p.context])
+                _screen_row(row, caches[p.context], run)
+            else:
+                _simulate_row(row, shared, p, run)
+        except InfeasibleConfig as e:
+            row.update(status="infeasible", reason=e.reason)
+        except Exception as e:
+            row.update(status="error", reason=f"{type(e).__name__}: {e}")
+            row["error"] = traceback.format_exc()
+        rows.append(row)
+    return rows
+
+
+def _chunks(points: Sequence[Point], size: int) -> list[Sequence[Point]]:
+    return [points[i : i + size] for i in range(0, len(points), size)]
+
+
+def _failed_chunk(tier: Tier, chunk: Sequence[Point], shared: Shared, err: str) -> list[Row]:
+    rows = []
+    for p in chunk:
+        row = layout_row(shared, p, tier)
+        row.update(status="error", reason=f"worker failed {MAX_RETRIES + 1} times", error=err)
+        rows.append(row)
+    return rows
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """Where and how wide to run: ``address`` None starts a local Ray of ``workers`` CPUs."""
+
+    workers: int = 2
+    address: str | None = None
+
+
+def _ray_init(opts: RayOptions) -> bool:
+    """Start or join Ray; True when this call started it (so it also shuts it down)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    if ray.is_initialized():
+        return False
+    common: dict[str, Any] = {
+        "include_dashboard": False,
+        "logging_level": logging.ERROR,
+        "log_to_driver": False,
+    }
+    if opts.address:
+        ray.init(address=opts.address, **common)
+    else:
+        ray.init(num_cpus=opts.workers, **common)
+    return True
+
+
+def _run_ray(
+    tier: Tier, chunks: list[Sequence[Point]], shared: Shared, on_rows: Callable[[list[Row]], None]
+) -> None:
+    import ray
+
+    remote = ray.remote(max_retries=MAX_RETRIES)(evaluate_chunk)
+    shared_ref = ray.put(shared)
+    pending = {remote.remote(tier, c, shared_ref): c for c in chunks}
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        chunk = pending.pop(ready[0])
+        try:
+            rows = ray.get(ready[0])
+        except (ray.exceptions.RayError, OSError) as e:
+            rows = _failed_chunk(tier, chunk, shared, repr(e))
+        on_rows(rows)
+
+
+@contextmanager
+def ray_session(executor: Executor, opts: RayOptions) -> Iterator[None]:
+    """Keep one Ray runtime up for several `run_sweep` calls (no-op for ``serial``)."""
+    started = executor == "ray" and _ray_init(opts)
+    try:
+        yield
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+
+
+def run_sweep(
+    tier: Tier,
+    points: Sequence[Point],
+    shared: Shared,
+    *,
+    executor: Executor = "serial",
+    chunk_size: int = 200,
+    on_rows: Callable[[list[Row]], None] | None = None,
+    ray_options: RayOptions | None = None,
+) -> list[Row]:
+    """Evaluate every layout; ``on_rows`` sees each chunk as it arrives; result sorted by key."""
+    out: list[Row] = []
+
+    def collect(rows: list[Row]) -> None:
+        out.extend(rows)
+        if on_rows is not None:
+            on_rows(rows)
+
+    chunks = _chunks(points, max(1, chunk_size))
+    if executor == "serial":
+        for c in chunks:
+            collect(evaluate_chunk(tier, c, shared))
+    elif chunks:
+        started = _ray_init(ray_options or RayOptions())
+        try:
+            _run_ray(tier, chunks, shared, collect)
+        finally:
+            if started:
+                import ray
+
+                ray.shutdown()
+    return sorted(out, key=lambda r: r["key"])
