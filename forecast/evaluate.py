@@ -78,6 +78,16 @@ def _test_rows(meas: Measurements, devices: Sequence[str]) -> Measurements:
     return Measurements(frame=f[sel].copy())
 
 
+def unseen_errors(model: LatencyModel, data_dir: Path) -> dict[str, dict[str, Any]]:
+    """Per-family error of ``model`` on the test rows of every GPU outside the training set."""
+    from forecast.train import load_family_data
+
+    meas = load_family_data(data_dir, trained_families())
+    rows = Measurements(frame=pd.concat([m.frame for m in meas.values()], ignore_index=True))
+    devices = sorted(d for d in set(rows.frame["Device"]) if d not in TRAIN_DEVICES)
+    return {d: _strip(score(model, _test_rows(rows, [d]))) for d in devices}
+
+
 def validate(data_dir: Path, *, logo: bool = True, progress: bool = True) -> dict[str, Any]:
     """Unseen-GPU and leave-one-GPU-out errors of tile-mlp against roofline.
 

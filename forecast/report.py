@@ -30,8 +30,12 @@ def validation_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def replace_table(readme: str, table: str) -> str:
-    """README text with the block between the markers replaced by ``table``."""
-    start = readme.index(TABLE_BEGIN) + len(TABLE_BEGIN)
-    end = readme.index(TABLE_END)
-    return readme[:start] + "\n" + table + "\n" + readme[end:]
+def replace_table(
+    readme: str, table: str, *, begin: str = TABLE_BEGIN, end: str = TABLE_END
+) -> str:
+    """README text with the block between two marker lines replaced by ``table``."""
+    if begin not in readme or end not in readme:
+        raise ValueError(f"markers {begin!r} and {end!r} not found")
+    start = readme.index(begin) + len(begin)
+    stop = readme.index(end)
+    return readme[:start] + "\n" + table + "\n" + readme[stop:]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from forecast.dataset import DataError, default_data_dir, load_measurements
-from forecast.evaluate import score, validate
+from forecast.evaluate import score, unseen_errors, validate
 from forecast.gpus import load_gpu
 from forecast.kernels import Dtype, KernelSpec, family_of_op
 from forecast.predict import LATENCY_MODELS, load_latency_model
@@ -130,7 +130,9 @@ def _eval(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from forecast.train import train_model
 
-    model = train_model(args.data or default_data_dir())
+    data = args.data or default_data_dir()
+    model = train_model(data)
+    model.meta["heldout_unseen_gpus"] = unseen_errors(model, data)
     model.save(args.out)
     print(f"wrote weights to {args.out}")
     return 0

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from forecast.gpus import GPUError, load_gpu
 from forecast.predict import load_latency_model
+from forecast.report import replace_table
 from simulator.e2e import FITTED, E2EResult, predict_run
 from simulator.e2e_validate import PreparedRun, load_labels, prepare, rel_errors
 from simulator.errors import ConfigError
@@ -42,12 +43,15 @@ def add_predict_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     e = vs.add_parser("e2e", help="whole-model error per GPU and per op family (NeuSight labels)")
     e.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
     e.add_argument("--markdown", action="store_true", help="print the README table only")
+    e.add_argument("--readme", type=Path, default=None, help="rewrite the README's e2e table")
     e.set_defaults(handler=_validate_e2e)
     from simulator.simulate_commands import add_validate_distributed
 
     add_validate_distributed(vs)
 
 
+E2E_BEGIN = "<!-- e2e-validation:begin -->"
+E2E_END = "<!-- e2e-validation:end -->"
 RUN_KEYS = ("model", "gpu", "batch", "seq", "mode", "framework", "dtype")
 
 
@@ -136,8 +140,12 @@ def _family_rows(runs: dict[str, list[PreparedRun]]) -> list[str]:
 def _validate_e2e(args: argparse.Namespace) -> int:
     labels, skipped = load_labels(args.data)
     runs = {k: prepare(labels, args.data, load_latency_model(k)) for k in ("tile-mlp", "roofline")}
-    print("\n".join(_gpu_rows(runs)))
-    if args.markdown:
+    table = "\n".join(_gpu_rows(runs))
+    if args.readme is not None:
+        text = replace_table(args.readme.read_text(), table, begin=E2E_BEGIN, end=E2E_END)
+        args.readme.write_text(text)
+    print(table)
+    if args.markdown or args.readme is not None:
         return 0
     print("\nPredicted kernel time per op family over all labelled runs (measured: n/a)")
     print("\n".join(_family_rows(runs)))

@@ -106,3 +106,13 @@ def test_unknown_latency_model_names_the_choices() -> None:
 def test_missing_weights_say_how_to_train(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="kernels train"):
         TileMLPModel.load(tmp_path)
+
+
+def test_training_is_deterministic_bit_for_bit() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(500, 4)).astype(np.float32)
+    y = np.sin(x[:, 0]).astype(np.float64)
+    a = fit_mlp(x, y, np.ones(len(x)), epochs=3, seed=7)
+    b = fit_mlp(x, y, np.ones(len(x)), epochs=3, seed=7)
+    for (name, ta), tb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        assert torch.equal(ta, tb), name
