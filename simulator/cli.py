@@ -20,6 +20,7 @@ from simulator.errors import ConfigError, InfeasibleConfig
 from simulator.kernel_commands import KERNEL_ERRORS, add_kernel_commands
 from simulator.predict_commands import add_predict_commands
 from simulator.simulate_commands import add_simulate_commands
+from simulator.sweep_commands import add_sweep_commands
 from topologies import Degradation, TopologyError, collective_estimate, load_cluster
 from topologies import report as topo_report
 from topologies.measured import compare, load_measured
@@ -147,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_topologies(sub)
     add_predict_commands(sub)
     add_simulate_commands(sub)
+    add_sweep_commands(sub)
     return parser
 
 

@@ -1,0 +1,146 @@
+"""Rows -> figures (matplotlib, Agg): one function per figure, all in `PLOTS`.
+
+Every function takes the final rows, an output path and the ranking, reads only the rows and
+writes one PNG; `plot_all` draws them all (``tilesim plot DIR`` redraws from ``rows.jsonl``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from simulator.report import best_per_context, layout_label, rank
+from simulator.rows import Row
+
+PARTS = ("compute", "bubble", "tp", "cp", "ep", "pp", "dp", "optimizer")
+COLORS = ("#4c72b0", "#c7c7c7", "#dd8452", "#937860", "#da8bc3", "#55a868", "#c44e52", "#8172b3")
+
+
+def _breakdown_s(r: Row) -> dict[str, float]:
+    """Step time split into parts that add up to the step (compute is the remainder)."""
+    parts = {k: r[f"exposed_{k}_s"] or 0.0 for k in ("tp", "cp", "ep", "pp", "dp")}
+    parts["bubble"] = (r["bubble_fraction"] or 0.0) * (r["forward_backward_s"] or 0.0)
+    parts["optimizer"] = r["optimizer_s"] or 0.0
+    parts["compute"] = max(0.0, r["iteration_s"] - sum(parts.values()))
+    return parts
+
+
+def plot_top_layouts(rows: Sequence[Row], path: Path, *, by: str = "tokens", k: int = 12) -> Path:
+    """Horizontal stacked bars: the best layouts' step time by part."""
+    top = rank(rows, by)[:k][::-1]
+    fig, ax = plt.subplots(figsize=(11, 0.45 * max(4, len(top)) + 1.5))
+    labels = [f"{r['context']}  {layout_label(r)}  ({r['tokens_per_s']:,.0f} tok/s)" for r in top]
+    left = [0.0] * len(top)
+    for part, color in zip(PARTS, COLORS, strict=True):
+        widths = [_breakdown_s(r)[part] for r in top]
+        if any(w > 0 for w in widths):
+            ax.barh(labels, widths, left=left, color=color, label=part)
+            left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.set_xlabel("step time, s (exposed communication and bubble on the critical path)")
+    ax.set_title(f"Top {len(top)} layouts by {by} (best at the top)")
+    ax.legend(loc="lower right", fontsize=8, ncol=4)
+    ax.tick_params(axis="y", labelsize=7)
+    return _save(fig, path)
+
+
+def _pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Points not beaten on both less memory and more throughput."""
+    front: list[tuple[float, float]] = []
+    for mem, tps in sorted(points, key=lambda p: (p[0], -p[1])):
+        if not front or tps > front[-1][1]:
+            front.append((mem, tps))
+    return front
+
+
+def plot_pareto(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path:
+    """Throughput against memory per GPU: screened cloud, simulated points, Pareto front."""
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    scr = [r for r in rows if r["status"] == "ok" and r["tier"] == "screen"]
+    ax.scatter(
+        [r["memory_gib_per_gpu"] for r in scr],
+        [r["screen_tokens_per_s"] for r in scr],
+        s=6,
+        c="#bbbbbb",
+        label=f"screened ({len(scr)}, closed form)",
+    )
+    sim = rank(rows, "tokens")
+    for option in sorted({r["option"] for r in sim}):
+        mine = [r for r in sim if r["option"] == option]
+        xs = [r["memory_gib_per_gpu"] for r in mine]
+        ax.scatter(xs, [r["tokens_per_s"] for r in mine], s=18, label=f"simulated: {option}")
+    front = _pareto([(r["memory_gib_per_gpu"], r["tokens_per_s"]) for r in sim])
+    if front:
+        ax.step(*zip(*front, strict=True), where="post", color="k", lw=1.2, label="Pareto front")
+    hbm = {r["gpu"]: r for r in rows}
+    ax.set_xlabel("peak memory per GPU, GiB")
+    ax.set_ylabel("tokens/s")
+    ax.set_title(f"Throughput vs memory ({', '.join(sorted(hbm))})")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_scaling(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path:
+    """Best simulated tokens/s against GPU count, one line per cluster option."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    best = best_per_context(rows, "tokens")
+    for option in sorted({r["option"] for r in best}):
+        mine = sorted((r for r in best if r["option"] == option), key=lambda r: r["num_gpus"])
+        xs = [r["num_gpus"] for r in mine]
+        ax.plot(xs, [r["tokens_per_s"] for r in mine], marker="o", label=option)
+        for r in mine:
+            ax.annotate(f"MFU {r['mfu']:.0%}", (r["num_gpus"], r["tokens_per_s"]), fontsize=7)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("best tokens/s")
+    ax.set_title("Scaling: best layout at each cluster size")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_procurement(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path:
+    """Per option and size: time to train and cost (or tokens/s without a budget)."""
+    best = best_per_context(rows, by)
+    labels = [r["context"] for r in best]
+    has_cost = any(r["cost_usd"] is not None for r in best)
+    has_time = any(r["time_to_train_s"] is not None for r in best)
+    fig, axes = plt.subplots(1, 2 if has_cost else 1, figsize=(12 if has_cost else 7, 5))
+    ax0 = axes[0] if has_cost else axes
+    if has_time:
+        ax0.barh(labels, [(r["time_to_train_s"] or 0) / 86400 for r in best], color="#4c72b0")
+        ax0.set_xlabel("days to train the token budget")
+    else:
+        ax0.barh(labels, [r["tokens_per_s"] for r in best], color="#4c72b0")
+        ax0.set_xlabel("best tokens/s")
+    if has_cost:
+        axes[1].barh(labels, [(r["cost_usd"] or 0) / 1e6 for r in best], color="#c44e52")
+        axes[1].set_xlabel("cost, million $ (user-supplied prices)")
+        axes[1].set_yticks([])
+    fig.suptitle("Cluster options: best layout of each")
+    return _save(fig, path)
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+PLOTS: dict[str, Callable[..., Path]] = {
+    "top_layouts": plot_top_layouts,
+    "pareto": plot_pareto,
+    "scaling": plot_scaling,
+    "procurement": plot_procurement,
+}
+
+
+def plot_all(rows: Sequence[Row], out_dir: Path, *, by: str = "tokens") -> list[Path]:
+    """Every figure of `PLOTS` as ``out_dir/<name>.png`` (skipped when nothing is ranked)."""
+    if not rank(rows, by):
+        return []
+    return [fn(rows, out_dir / f"{name}.png", by=by) for name, fn in PLOTS.items()]

@@ -1,0 +1,173 @@
+"""Rows -> rankings, the top-K table, the procurement summary and the Markdown report.
+
+Only simulated, fitting rows are ranked (the screen only chooses what to simulate). Rankings:
+``tokens`` (tokens/s, highest first), ``time`` (time to train the token budget) and ``cost``
+(GPU-hours x the user's price). Nothing here simulates; everything reads rows.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from simulator.errors import ConfigError
+from simulator.rows import Row
+
+# ranking id -> (column, highest first)
+RANKINGS: dict[str, tuple[str, bool]] = {
+    "tokens": ("tokens_per_s", True),
+    "time": ("time_to_train_s", False),
+    "cost": ("cost_usd", False),
+}
+
+
+def rank(rows: Sequence[Row], by: str = "tokens") -> list[Row]:
+    """Simulated, fitting rows, best first (ties broken by key)."""
+    if by not in RANKINGS:
+        raise ConfigError(f"--rank {by!r}: use one of {sorted(RANKINGS)}")
+    col, high = RANKINGS[by]
+    ok = [r for r in rows if r["tier"] == "simulate" and r["status"] == "ok"]
+    if ok and all(r.get(col) is None for r in ok):
+        need = "sweep.train_tokens" + (" and price_per_gpu_hour" if by == "cost" else "")
+        raise ConfigError(f"--rank {by}: the scenario needs {need}")
+    ok = [r for r in ok if r.get(col) is not None]
+    return sorted(ok, key=lambda r: (-r[col] if high else r[col], r["key"]))
+
+
+def best_per_context(rows: Sequence[Row], by: str = "tokens") -> list[Row]:
+    """The best simulated layout of each (option, world size), in context order."""
+    best: dict[str, Row] = {}
+    for r in rank(rows, by):
+        best.setdefault(r["context"], r)
+    return sorted(best.values(), key=lambda r: (r["option"], r["num_gpus"]))
+
+
+def _fmt(v: Any, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def layout_label(r: Row) -> str:
+    """A short text of a row's layout (tp, pp, dp, micro-batch, schedule, recompute, ZeRO)."""
+    sched = r["schedule"] + (f"/v{r['virtual_stages']}" if r["virtual_stages"] > 1 else "")
+    extra = " sp" if r["sequence_parallel"] else ""
+    return (
+        f"tp{r['tp']} pp{r['pp']} dp{r['dp']} mbs{r['micro_batch_size']} {sched} "
+        f"{r['recompute']} z{r['zero_stage']}{extra}"
+    )
+
+
+def _table(header: list[str], lines: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(line) + " |" for line in lines]
+    return "\n".join(out)
+
+
+def top_table(rows: Sequence[Row], *, k: int = 10, by: str = "tokens") -> str:
+    """The K best layouts as a Markdown table (also what the terminal prints)."""
+    header = ["#", "context", "layout", "tokens/s", "MFU", "step s", "bubble", "GiB/GPU"]
+    header += ["days", "cost $"]
+    lines = []
+    for i, r in enumerate(rank(rows, by)[:k], 1):
+        days = None if r["time_to_train_s"] is None else r["time_to_train_s"] / 86400
+        lines.append(
+            [
+                str(i),
+                r["context"],
+                layout_label(r),
+                _fmt(r["tokens_per_s"], ",.0f"),
+                _fmt(r["mfu"], ".1%"),
+                _fmt(r["iteration_s"], ".3g"),
+                _fmt(r["bubble_fraction"], ".1%"),
+                _fmt(r["memory_gib_per_gpu"], ".1f"),
+                _fmt(days, ".1f"),
+                _fmt(r["cost_usd"], ",.0f"),
+            ]
+        )
+    return _table(header, lines)
+
+
+def procurement_table(rows: Sequence[Row], *, by: str = "tokens") -> str:
+    """For each option and size: best layout, throughput, time to train, cost, energy."""
+    header = ["option", "GPUs", "best layout", "tokens/s", "MFU", "days", "cost $", "MWh"]
+    lines = []
+    for r in best_per_context(rows, by):
+        days = None if r["time_to_train_s"] is None else r["time_to_train_s"] / 86400
+        lines.append(
+            [
+                r["option"],
+                str(r["num_gpus"]),
+                layout_label(r),
+                _fmt(r["tokens_per_s"], ",.0f"),
+                _fmt(r["mfu"], ".1%"),
+                _fmt(days, ".1f"),
+                _fmt(r["cost_usd"], ",.0f"),
+                _fmt(r["energy_mwh"], ",.0f"),
+            ]
+        )
+    return _table(header, lines)
+
+
+def counts(rows: Sequence[Row]) -> dict[str, int]:
+    """Layouts by outcome: screened, simulated, infeasible, errors."""
+    c = Counter(r["status"] for r in rows)
+    return {
+        "layouts": len(rows),
+        "fit": c["ok"],
+        "infeasible": c["infeasible"],
+        "errors": c["error"],
+        "simulated": sum(r["tier"] == "simulate" for r in rows),
+    }
+
+
+def screen_error(rows: Sequence[Row]) -> tuple[float, float] | None:
+    """Median and max |screen / simulate - 1| of tokens/s over the simulated rows."""
+    errs = sorted(
+        abs(r["screen_tokens_per_s"] / r["tokens_per_s"] - 1)
+        for r in rows
+        if r["tier"] == "simulate" and r["tokens_per_s"] and r["screen_tokens_per_s"]
+    )
+    return (errs[len(errs) // 2], errs[-1]) if errs else None
+
+
+def _reasons(rows: Sequence[Row]) -> str:
+    c = Counter(
+        (r["reason"] or "").split(" needs ")[0] for r in rows if r["status"] == "infeasible"
+    )
+    return ", ".join(f"{n} x {why}" for why, n in c.most_common(5)) or "none"
+
+
+def markdown_report(
+    rows: Sequence[Row], *, title: str, pruned: int, k: int = 10, by: str = "tokens"
+) -> str:
+    """The sweep's report: counts, top K, best per cluster option, screen accuracy, errors."""
+    n = counts(rows)
+    err = screen_error(rows)
+    parts = [
+        f"# Sweep: {title}",
+        f"{n['layouts'] + pruned} layouts enumerated; {pruned} pruned as invalid or duplicate; "
+        f"{n['layouts']} screened in closed form; {n['infeasible']} do not fit in memory; "
+        f"{n['simulated']} simulated with the execution graph; {n['errors']} errors. "
+        f"Ranked by {RANKINGS[by][0]} (simulated layouts only).",
+        f"## Top {k}",
+        top_table(rows, k=k, by=by),
+        "## Best layout per cluster option",
+        procurement_table(rows, by=by),
+        "## Notes",
+        f"* Screen vs simulation, tokens/s: median |error| {err[0]:.1%}, max {err[1]:.1%}."
+        if err
+        else "* No simulated rows to check the screen against.",
+        f"* Infeasible (stage that does not fit, by count): {_reasons(rows)}.",
+        "* Prices and power are the scenario's inputs (see the scenario file), not catalog facts.",
+    ]
+    failed = [r for r in rows if r["status"] == "error"]
+    if failed:
+        parts += ["## Errors", *[f"* `{r['key']}`: {r['reason']}" for r in failed[:20]]]
+    parts += [
+        "## Figures",
+        "![top layouts](top_layouts.png)",
+        "![throughput vs memory](pareto.png)",
+        "![scaling](scaling.png)",
+        "![procurement](procurement.png)",
+    ]
+    return "\n\n".join(parts) + "\n"

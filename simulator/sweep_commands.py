@@ -1,0 +1,170 @@
+"""``tilesim sweep`` (tiered layout search of a scenario) and ``tilesim plot`` (redraw figures).
+
+The sweep: enumerate the ``[sweep]`` space, screen every layout in closed form, simulate the
+best candidates with the execution graph, then write rows, the resolved scenario, the report
+and the figures to the output directory. Rows are logged as they arrive, so rerunning an
+interrupted command resumes it. Exit codes: 0 ok, 1 no feasible layout or failed layouts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tqdm import tqdm
+
+from simulator.errors import InfeasibleConfig
+from simulator.plots import plot_all
+from simulator.report import RANKINGS, markdown_report, top_table
+from simulator.rows import ProgressLog, Row, final_rows, load_rows, write_rows
+from simulator.scenario import Scenario, load_scenario
+from simulator.space import Point, Space, enumerate_space, find_scenario
+from simulator.sweep import (
+    Executor,
+    RayOptions,
+    Shared,
+    Tier,
+    build_shared,
+    ray_session,
+    run_sweep,
+    select_candidates,
+)
+
+SCREEN_CHUNK = 500
+
+
+def add_sweep_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``sweep`` and ``plot``."""
+    p = sub.add_parser("sweep", help="search the parallel layouts of a scenario (Ray or serial)")
+    p.add_argument("scenario", help="scenario id (tilesim list scenarios) or TOML path")
+    p.add_argument("--out", type=Path, help="output dir (default results/<study>/<hash>/)")
+    p.add_argument("--address", help="join a Ray cluster: auto or HOST:PORT (default: local)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="local Ray CPUs")
+    p.add_argument("--serial", action="store_true", help="no Ray; identical rows")
+    p.add_argument("--top", type=int, default=10, help="rows in the printed ranking")
+    p.add_argument("--rank", default="tokens", choices=sorted(RANKINGS), help="ranking")
+    p.add_argument("--candidates", type=int, default=48, help="layouts simulated in full")
+    p.add_argument("--per-context", type=int, default=2, help="also simulate N per cluster")
+    p.add_argument("--set", dest="overrides", action="append", default=[], help="TABLE.KEY=V")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(handler=_sweep)
+    p = sub.add_parser("plot", help="redraw a sweep's figures from its rows alone")
+    p.add_argument("dir", type=Path, help="sweep output directory (holding rows.jsonl)")
+    p.add_argument("--rank", default="tokens", choices=sorted(RANKINGS), help="ranking")
+    p.set_defaults(handler=_plot)
+
+
+def _out_dir(scenario: Scenario) -> Path:
+    dump = scenario.model_dump(mode="json", exclude={"base_dir"})
+    digest = hashlib.sha256(json.dumps(dump, sort_keys=True).encode()).hexdigest()[:10]
+    return Path("results") / scenario.study.name / digest
+
+
+def _write_resolved(scenario: Scenario, space: Space, out: Path) -> None:
+    contexts = [
+        {
+            "id": c.id,
+            "gpu": c.inputs.gpu.name,
+            "server": c.server,
+            "network": c.network,
+            "num_gpus": c.inputs.num_gpus,
+            "price_per_gpu_hour": c.price_per_gpu_hour,
+            "power_w_per_gpu": c.power_w_per_gpu,
+        }
+        for c in space.contexts
+    ]
+    resolved = {
+        "scenario": scenario.model_dump(mode="json"),
+        "model": space.contexts[0].inputs.model.model_dump(mode="json"),
+        "contexts": contexts,
+        "layouts": len(space.points),
+        "pruned": space.pruned,
+    }
+    (out / "scenario.resolved.json").write_text(json.dumps(resolved, indent=1) + "\n")
+
+
+def _tier(
+    args: argparse.Namespace, log: ProgressLog, tier: Tier, points: Sequence[Point], shared: Shared
+) -> list[Row]:
+    """Run one tier over the layouts not yet in the log; return all rows of the tier."""
+    keys = [p.key(shared.contexts[p.context].id) for p in points]
+    todo = [p for p, k in zip(points, keys, strict=True) if not log.has(k, tier)]
+    executor: Executor = "serial" if args.serial else "ray"
+    chunk = SCREEN_CHUNK if tier == "screen" else max(1, min(8, len(todo) // (4 * args.workers)))
+    bar = tqdm(
+        total=len(points),
+        initial=len(points) - len(todo),
+        desc=tier,
+        unit="layout",
+        disable=args.no_progress,
+        file=sys.stderr,
+    )
+
+    def on_rows(rows: list[Row]) -> None:
+        log.append(rows)
+        bar.update(len(rows))
+
+    opts = RayOptions(workers=args.workers, address=args.address)
+    run_sweep(
+        tier, todo, shared, executor=executor, chunk_size=chunk, on_rows=on_rows, ray_options=opts
+    )
+    bar.close()
+    return log.rows(tier)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    scenario = load_scenario(find_scenario(args.scenario), overrides=tuple(args.overrides))
+    space = enumerate_space(scenario)
+    if not space.points:
+        raise InfeasibleConfig(f"no valid layout in the sweep ({space.pruned} pruned)")
+    out = args.out or _out_dir(scenario)
+    log = ProgressLog(out)
+    _write_resolved(scenario, space, out)
+    shared = build_shared(space, scenario.run)
+    executor: Executor = "serial" if args.serial else "ray"
+    try:
+        with ray_session(executor, RayOptions(workers=args.workers, address=args.address)):
+            screened = _tier(args, log, "screen", space.points, shared)
+            keys = set(
+                select_candidates(screened, top=args.candidates, per_context=args.per_context)
+            )
+            chosen = [p for p in space.points if p.key(shared.contexts[p.context].id) in keys]
+            _tier(args, log, "simulate", chosen, shared)
+    except KeyboardInterrupt:
+        print(f"tilesim: interrupted; rerun the same command to resume ({out})", file=sys.stderr)
+        return 130
+    return _finish(args, scenario, space, log, out)
+
+
+def _finish(
+    args: argparse.Namespace, scenario: Scenario, space: Space, log: ProgressLog, out: Path
+) -> int:
+    rows = final_rows(log)
+    written = write_rows(rows, out)
+    report = markdown_report(
+        rows, title=scenario.study.name, pruned=space.pruned, k=args.top, by=args.rank
+    )
+    (out / "report.md").write_text(report)
+    figures = plot_all(rows, out, by=args.rank)
+    print(top_table(rows, k=args.top, by=args.rank))
+    print(f"\nwrote {', '.join(str(p) for p in [*written, out / 'report.md', *figures])}")
+    failed = [r["key"] for r in rows if r["status"] == "error"]
+    if failed:
+        print(f"tilesim: {len(failed)} layouts failed: {', '.join(failed[:10])}", file=sys.stderr)
+        return 1
+    if not any(r["status"] == "ok" for r in rows):
+        raise InfeasibleConfig("no layout fits in memory")
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    rows = load_rows(args.dir)
+    out = args.dir if args.dir.is_dir() else args.dir.parent
+    for path in plot_all(rows, out, by=args.rank):
+        print(path)
+    return 0
