@@ -72,6 +72,7 @@ RESULT_COLUMNS = (
     "error",
 )
 COLUMNS = LAYOUT_COLUMNS + RESULT_COLUMNS
+SCREEN_COLUMNS = ("screen_iteration_s", "screen_tokens_per_s")
 PROGRESS = "progress.jsonl"
 
 
@@ -144,7 +145,9 @@ class ProgressLog:
 def final_rows(log: ProgressLog) -> list[Row]:
     """One row per layout: the simulated one where it exists, else the screen's; by key."""
     merged = {r["key"]: r for r in log.rows("screen")}
-    merged |= {r["key"]: r for r in log.rows("simulate")}
+    for r in log.rows("simulate"):
+        screened = merged.get(r["key"], {})
+        merged[r["key"]] = r | {k: screened[k] for k in SCREEN_COLUMNS if k in screened}
     return [merged[k] for k in sorted(merged)]
 
 
