@@ -43,7 +43,7 @@ def plot_top_layouts(rows: Sequence[Row], path: Path, *, by: str = "tokens", k: 
             left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.set_xlabel("step time, s (exposed communication and bubble on the critical path)")
     ax.set_title(f"Top {len(top)} layouts by {by} (best at the top)")
-    ax.legend(loc="lower right", fontsize=8, ncol=4)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=8, ncol=8)
     ax.tick_params(axis="y", labelsize=7)
     return _save(fig, path)
 
@@ -58,30 +58,33 @@ def _pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def plot_pareto(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path:
-    """Throughput against memory per GPU: screened cloud, simulated points, Pareto front."""
-    fig, ax = plt.subplots(figsize=(8, 5.5))
-    scr = [r for r in rows if r["status"] == "ok" and r["tier"] == "screen"]
-    ax.scatter(
-        [r["memory_gib_per_gpu"] for r in scr],
-        [r["screen_tokens_per_s"] for r in scr],
-        s=6,
-        c="#bbbbbb",
-        label=f"screened ({len(scr)}, closed form)",
-    )
+    """Throughput against memory per GPU, per context: screened (small), simulated (ringed),
+    and the Pareto front of the simulated layouts (most tokens/s for the memory)."""
+    fig, ax = plt.subplots(figsize=(9, 5.5))
     sim = rank(rows, "tokens")
-    for option in sorted({r["option"] for r in sim}):
-        mine = [r for r in sim if r["option"] == option]
+    scr = [r for r in rows if r["status"] == "ok" and r["tier"] == "screen"]
+    for i, ctx in enumerate(sorted({r["context"] for r in rows}, key=_context_order)):
+        color = f"C{i % 10}"
+        mine = [r for r in scr if r["context"] == ctx]
         xs = [r["memory_gib_per_gpu"] for r in mine]
-        ax.scatter(xs, [r["tokens_per_s"] for r in mine], s=18, label=f"simulated: {option}")
+        ax.scatter(xs, [r["screen_tokens_per_s"] for r in mine], s=5, c=color, alpha=0.35)
+        mine = [r for r in sim if r["context"] == ctx]
+        xs = [r["memory_gib_per_gpu"] for r in mine]
+        ys = [r["tokens_per_s"] for r in mine]
+        ax.scatter(xs, ys, s=22, c=color, edgecolors="k", linewidths=0.6, label=ctx)
     front = _pareto([(r["memory_gib_per_gpu"], r["tokens_per_s"]) for r in sim])
     if front:
         ax.step(*zip(*front, strict=True), where="post", color="k", lw=1.2, label="Pareto front")
-    hbm = {r["gpu"]: r for r in rows}
     ax.set_xlabel("peak memory per GPU, GiB")
     ax.set_ylabel("tokens/s")
-    ax.set_title(f"Throughput vs memory ({', '.join(sorted(hbm))})")
+    ax.set_title("Throughput vs memory (faint: screened in closed form; ringed: simulated)")
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def _context_order(ctx: str) -> tuple[str, int]:
+    option, _, n = ctx.rpartition("@")
+    return option, int(n) if n.isdigit() else 0
 
 
 def plot_scaling(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path:
@@ -91,10 +94,14 @@ def plot_scaling(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path
     for option in sorted({r["option"] for r in best}):
         mine = sorted((r for r in best if r["option"] == option), key=lambda r: r["num_gpus"])
         xs = [r["num_gpus"] for r in mine]
-        ax.plot(xs, [r["tokens_per_s"] for r in mine], marker="o", label=option)
+        (line,) = ax.plot(xs, [r["tokens_per_s"] for r in mine], marker="o", label=option)
+        ideal = [mine[0]["tokens_per_s"] * x / xs[0] for x in xs]
+        ax.plot(xs, ideal, ls="--", lw=0.8, color=line.get_color(), label=f"{option}: linear")
         for r in mine:
-            ax.annotate(f"MFU {r['mfu']:.0%}", (r["num_gpus"], r["tokens_per_s"]), fontsize=7)
+            ax.annotate(f"  MFU {r['mfu']:.0%}", (r["num_gpus"], r["tokens_per_s"]), fontsize=7)
     ax.set_xscale("log", base=2)
+    sizes = sorted({r["num_gpus"] for r in best})
+    ax.set_xticks(sizes, [str(n) for n in sizes])
     ax.set_xlabel("GPUs")
     ax.set_ylabel("best tokens/s")
     ax.set_title("Scaling: best layout at each cluster size")
@@ -126,7 +133,7 @@ def plot_procurement(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
