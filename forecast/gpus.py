@@ -85,8 +85,13 @@ def _from_neusight_json(path: Path) -> GPUSpec:
     try:
         raw = json.loads(path.read_text())
         name = str(raw["Device"])
-        lanes = int(raw["Core_Per_SM"])
         fp32 = float(raw.get("SingleFLOPs") or raw.get("SingleFLOPsVEC"))
+        # AMD sheets count SIMD units in Core_Per_SM (4): where it is off from the FP32 peak
+        # by more than 2x, the lanes follow from the peak instead.
+        lanes = int(raw["Core_Per_SM"])
+        implied = fp32 * 1e9 / (2 * int(raw["Num_Sm"]) * float(raw["Freq"]) * 1e6)
+        if not 0.5 < lanes / implied < 2.0:
+            lanes = round(implied)
         spec = GPUSpec(
             id=name.lower().replace(" ", "-"),
             name=name,
@@ -127,6 +132,7 @@ def _with_catalog_facts(spec: GPUSpec) -> GPUSpec:
             "tdp_w": cat.tdp_w,
             "smem_bytes_per_sm": cat.smem_bytes_per_sm,
             "regs_bytes_per_sm": cat.regs_bytes_per_sm,
+            "fp32_matrix_flops_per_s": cat.fp32_matrix_flops_per_s,
         }
     )
 
