@@ -5,10 +5,12 @@ no execution graph. With ``T`` the slowest stage's time for one micro-batch thro
 chunks (layer forward + backward + recompute + blocking TP/EP/CP communication, plus the
 embedding and head on the stages that hold them), ``m`` micro-batches and ``v`` chunks:
 
-    forward-backward = T * (m + (pp - 1) / v) + 2 * (pp * v - 1) * hop
+    forward-backward = T * (m + (pp - 1) / v) + 2 * hops * hop_s
 
-i.e. the GPipe/1F1B bubble ``(p-1)/(m+p-1)`` (``/v`` interleaved). The DP gradient reduction
-of the fullest stage is exposed for one bucket when it overlaps the backward, fully otherwise;
+i.e. the GPipe/1F1B bubble ``(p-1)/(m+p-1)`` (``/v`` interleaved), with ``hops`` the
+point-to-point transfers on the critical path (fill and drain, plus one round trip per
+micro-batch in 1F1B's steady state, one way on average). The DP gradient reduction
+of each stage hides, all but its last bucket, behind the last backward when it overlaps;
 the sharded optimizer's parameter all-gather and the optimizer step are added. ZeRO-3 pays its
 gathers and scatters unoverlapped (a pessimistic screen). Memory is `dist_memory`'s, with
 the schedule's in-flight micro-batches in closed form (`in_flight_closed`).
@@ -115,8 +117,9 @@ def _stage_mb_s(cache: ScreenCache, layout: Layout) -> list[float]:
     return out
 
 
-def _dp_s(cache: ScreenCache, layout: Layout, params: float) -> float:
-    """Exposed DP communication of a stage holding ``params`` parameters."""
+def _dp_s(cache: ScreenCache, layout: Layout, params: float, backward_s: float) -> float:
+    """Exposed DP communication of a stage holding ``params`` parameters; with overlap, the
+    reduction of all but the last bucket hides behind the last backward (``backward_s``)."""
     run, dtype = layout.run, cache.inputs.dtype
     grads = params * grad_itemsize_bytes(dtype)
     weights = params * param_itemsize_bytes(dtype)
@@ -127,7 +130,8 @@ def _dp_s(cache: ScreenCache, layout: Layout, params: float) -> float:
         return layout.num_micro_batches * layout.chunks * (2 * gather + scatter)
     op = "reduce-scatter" if run.shards_optimizer else "all-reduce"
     grad = cache.dp(op, grads, layout)
-    exposed = grad / run.buckets if run.overlap_grad_reduce else grad
+    hidden = min(grad, backward_s) * (1 - 1 / run.buckets) if run.overlap_grad_reduce else 0.0
+    exposed = grad - hidden
     if run.shards_optimizer:
         exposed += cache.dp("all-gather", weights, layout)
     return exposed
@@ -151,11 +155,15 @@ def screen(cache: ScreenCache, run: RunConfig) -> Screened:
     lc = cache.layer(layout)
     per_mb = _stage_mb_s(cache, layout)
     m, v, pp = layout.num_micro_batches, layout.chunks, run.pp
-    fb = max(per_mb) * (m + (pp - 1) / v) + 2 * (pp * v - 1) * lc.pp_hop_s
+    # Hops: the fill and drain cross every boundary; 1F1B's steady state waits one round
+    # way per micro-batch when compute is short (GPipe streams its forwards).
+    hops = pp * v - 1 + ((m - 1) / 2 if pp > 1 and run.schedule != "gpipe" else 0)
+    fb = max(per_mb) * (m + (pp - 1) / v) + 2 * hops * lc.pp_hop_s
     params = stage_params(inputs, layout)
     shard = layout.dp * run.cp if run.shards_optimizer else 1
     adam = cache.block(run).adam_s_per_param
-    tail = max(_dp_s(cache, layout, p) + p / shard * adam for p in params)
+    last_bw = 2.0 / 3.0 * min(per_mb) / v
+    tail = max(_dp_s(cache, layout, p, last_bw) + p / shard * adam for p in params)
     iteration = fb + tail
     return Screened(
         iteration_s=iteration,

@@ -1,0 +1,1 @@
+"""Every shipped scenario loads and yields feasible layouts."""

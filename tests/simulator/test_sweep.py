@@ -1,0 +1,175 @@
+"""Sweeps: the layout space, the closed-form screen, serial rows, resume, errors, reports."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from simulator.cli import main
+from simulator.errors import ConfigError
+from simulator.report import procurement_table, rank
+from simulator.rows import load_rows
+from simulator.scenario import load_scenario
+from simulator.schedules import SCHEDULES, in_flight
+from simulator.screen import ScreenCache, in_flight_closed, screen
+from simulator.simulate import simulate
+from simulator.space import enumerate_space, find_scenario
+from simulator.sweep import build_shared, run_sweep
+
+TINY = find_scenario("tiny-gpt-8gpu")
+PROCUREMENT = """
+[study]
+name = "tiny-procurement"
+[model]
+n_layers = 2
+hidden_size = 256
+n_heads = 8
+vocab_size = 1024
+seq_len = 128
+[cluster]
+gpu = "a100-sxm4-80gb"
+server = "dgx-a100"
+network = "ib-hdr"
+num_gpus = 8
+[training]
+global_batch_size = 16
+latency_model = "roofline"
+[run]
+dp = 0
+[sweep]
+train_tokens = [1.0e9]
+tp = [1, 2]
+pp = [1, 2]
+[[sweep.options]]
+id = "a100"
+num_gpus = [4, 8]
+price_per_gpu_hour = 2.0
+power_w_per_gpu = 1000.0
+[[sweep.options]]
+id = "h100"
+gpu = "h100-sxm5-80gb"
+server = "dgx-h100"
+network = "ib-ndr"
+num_gpus = [8]
+price_per_gpu_hour = 3.0
+"""
+
+
+def _sweep(out: Path, *extra: str) -> int:
+    return main(["sweep", str(TINY), "--serial", "--no-progress", "--out", str(out), *extra])
+
+
+def test_space_layouts_are_valid_and_distinct() -> None:
+    space = enumerate_space(load_scenario(TINY))
+    assert space.points and space.pruned > 0
+    for p in space.points:
+        n = space.contexts[p.context].inputs.num_gpus
+        assert p.tp * p.pp * p.dp * p.cp == n
+        assert not (p.pp == 1 and p.schedule != "1f1b")
+    keys = [p.key(space.contexts[p.context].id) for p in space.points]
+    assert len(set(keys)) == len(keys)
+
+
+def test_unknown_sweep_key_is_a_config_error() -> None:
+    bad = load_scenario(TINY, overrides=("sweep.tpp=[2]",))
+    with pytest.raises(ConfigError, match="tpp"):
+        enumerate_space(bad)
+    with pytest.raises(ConfigError, match=r"sweep\.schedule"):
+        enumerate_space(load_scenario(TINY, overrides=("sweep.schedule=['zigzag']",)))
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+def test_in_flight_closed_form_matches_the_schedules(schedule: str) -> None:
+    for pp in (1, 2, 3, 4, 8):
+        for v in (1, 2, 3) if schedule != "1f1b" else (1,):
+            for m in (1, 2, 4, 6, 8, 16):
+                if schedule == "1f1b-interleaved" and v > 1 and m % pp:
+                    continue
+                orders = SCHEDULES[schedule](pp, m, v)
+                for s in range(pp):
+                    assert in_flight_closed(schedule, pp, m, v, s) == in_flight(orders[s])
+
+
+def test_screen_tracks_simulate() -> None:
+    scenario = load_scenario(TINY)
+    space = enumerate_space(scenario)
+    shared = build_shared(space, scenario.run)
+    for p in space.points[::3]:
+        ctx, table = shared.contexts[p.context], shared.tables[p.context]
+        run = p.run(scenario.run)
+        est = screen(ScreenCache(ctx.inputs, table), run)
+        sim = simulate(ctx.inputs, run, table)
+        assert est.memory.total_bytes / 2**30 == pytest.approx(sim.memory_gib_per_gpu, rel=1e-9)
+        assert est.tokens_per_s == pytest.approx(sim.tokens_per_s, rel=0.2)
+
+
+def test_serial_sweep_writes_rows_report_and_figures(tmp_path: Path) -> None:
+    assert _sweep(tmp_path) == 0
+    rows = load_rows(tmp_path)
+    assert [r["key"] for r in rows] == sorted({r["key"] for r in rows})
+    assert {r["tier"] for r in rows} == {"screen", "simulate"} or all(
+        r["tier"] == "simulate" for r in rows if r["status"] == "ok"
+    )
+    for name in ("rows.csv", "report.md", "scenario.resolved.json", "pareto.png", "scaling.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert "## Top 10" in (tmp_path / "report.md").read_text()
+    for png in tmp_path.glob("*.png"):
+        png.unlink()
+    assert main(["plot", str(tmp_path)]) == 0
+    assert len(list(tmp_path.glob("*.png"))) == 4
+
+
+def test_interrupted_sweep_resumes_to_identical_rows(tmp_path: Path) -> None:
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    assert _sweep(full, "--candidates", "6") == 0
+    # An interrupt: half the progress log survives, the last line torn mid-write.
+    lines = (full / "progress.jsonl").read_text().splitlines(keepends=True)
+    cut.mkdir()
+    (cut / "progress.jsonl").write_text("".join(lines[: len(lines) // 2]) + lines[-1][:40])
+    assert _sweep(cut, "--candidates", "6") == 0
+    assert load_rows(cut) == load_rows(full)
+    logged = [json.loads(x) for x in (cut / "progress.jsonl").read_text().splitlines()]
+    assert len({(r["key"], r["tier"]) for r in logged}) == len(logged) == len(lines)
+
+
+def test_a_failing_layout_is_recorded_and_the_others_finish() -> None:
+    scenario = load_scenario(TINY)
+    space = enumerate_space(scenario)
+    shared = build_shared(space, scenario.run)
+    broken = replace(shared, tables=({}, *shared.tables[1:]))  # context 0 lacks its kernels
+    rows = run_sweep("screen", space.points, broken, chunk_size=7)
+    failed = [r for r in rows if r["status"] == "error"]
+    assert failed and all(r["context"] == space.contexts[0].id for r in failed)
+    assert all("KeyError" in r["reason"] and "Traceback" in r["error"] for r in failed)
+    assert any(r["status"] == "ok" for r in rows)
+
+
+def test_procurement_report_costs_each_option(tmp_path: Path) -> None:
+    path = tmp_path / "study.toml"
+    path.write_text(PROCUREMENT)
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "--serial", "--no-progress", "--out", str(out)]) == 0
+    rows = load_rows(out)
+    best = rank(rows, "cost")
+    assert best and all(r["cost_usd"] is not None for r in best)
+    r = best[0]
+    hours = 1.0e9 / r["tokens_per_s"] / 3600
+    assert r["cost_usd"] == pytest.approx(hours * r["num_gpus"] * r["price_per_gpu_hour"])
+    table = procurement_table(rows, by="cost")
+    assert "a100" in table and "h100" in table
+    assert main(["sweep", str(TINY), "--serial", "--out", str(out / "t"), "--rank", "cost"]) == 2
+
+
+@pytest.mark.ray
+def test_ray_sweep_equals_serial_bit_for_bit() -> None:
+    scenario = load_scenario(TINY)
+    space = enumerate_space(scenario)
+    shared = build_shared(space, scenario.run)
+    points = space.points[:6]
+    for tier in ("screen", "simulate"):
+        serial = run_sweep(tier, points, shared, executor="serial")
+        ray = run_sweep(tier, points, shared, executor="ray", chunk_size=2)
+        assert json.dumps(ray) == json.dumps(serial)
