@@ -1,0 +1,86 @@
+"""Sweep throughput: closed-form screen, full simulation, and Ray (2 workers) against serial.
+
+Run: ``python benchmarks/sweep_speed.py [--workers 2]``. Prints layouts per second.
+Targets (issue: parallelism sweeps): screen >= 1,000 layouts/s per core; full simulation of
+the top candidates >= 20/s per core; Ray with 2 workers >= 1.6x the serial rate on a sweep
+of a few thousand layouts. Ray start-up is timed separately (a warm-up task), not in rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+
+from simulator.scenario import load_scenario
+from simulator.space import Point, enumerate_space, find_scenario
+from simulator.sweep import Executor, RayOptions, Shared, build_shared, ray_session, run_sweep
+
+# GPT-3 175B on 256..4096 H100s: a wide grid (about 100k raw combinations per size).
+WIDE = (
+    "sweep.world_size=[256, 512, 1024, 2048, 4096]",
+    "sweep.tp=[1, 2, 4, 8]",
+    "sweep.pp=[1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 96]",
+    "sweep.micro_batch_size=[1, 2, 4, 8]",
+    "sweep.schedule=['gpipe', '1f1b', '1f1b-interleaved']",
+    "sweep.virtual_stages=[1, 2, 3, 4]",
+    "sweep.zero_stage=[0, 1, 2]",
+)
+
+
+def _rate(
+    tier: str, points: Sequence[Point], shared: Shared, executor: Executor, chunk: int
+) -> float:
+    t0 = time.perf_counter()
+    rows = run_sweep(tier, points, shared, executor=executor, chunk_size=chunk)  # type: ignore[arg-type]
+    dt = time.perf_counter() - t0
+    assert len(rows) == len(points)
+    return len(points) / dt
+
+
+def main() -> None:
+    """Print screen, simulate and Ray-vs-serial rates."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--simulate", type=int, default=40, help="layouts simulated in full")
+    parser.add_argument("--ray-layouts", type=int, default=4000)
+    args = parser.parse_args()
+    scenario = load_scenario(find_scenario("gpt3-175b-h100"), overrides=WIDE)
+    t0 = time.perf_counter()
+    space = enumerate_space(scenario)
+    shared = build_shared(space, scenario.run)
+    print(
+        f"space: {len(space.points) + space.pruned} combinations, {len(space.points)} valid, "
+        f"enumerated and kernel tables built in {time.perf_counter() - t0:.1f} s"
+    )
+    pts = space.points
+    screen = _rate("screen", pts, shared, "serial", 500)
+    print(f"screen, serial: {screen:,.0f} layouts/s ({len(pts)} layouts, 1 core)")
+    llama = load_scenario(find_scenario("llama3-70b-h100"))
+    lspace = enumerate_space(llama)
+    lshared = build_shared(lspace, llama.run)
+    step = max(1, len(lspace.points) // args.simulate)
+    sim_pts = lspace.points[::step][: args.simulate]
+    sim = _rate("simulate", sim_pts, lshared, "serial", 4)
+    print(f"simulate, serial: {sim:.1f} layouts/s (Llama 3 70B, {len(sim_pts)} layouts, 1 core)")
+    gpt_pts = pts[:: max(1, len(pts) // 10)][:10]
+    gsim = _rate("simulate", gpt_pts, shared, "serial", 2)
+    print(f"simulate, serial: {gsim:.1f} layouts/s (GPT-3 175B, {len(gpt_pts)} layouts, 1 core)")
+    few = pts[:: max(1, len(pts) // args.ray_layouts)][: args.ray_layouts]
+    t0 = time.perf_counter()
+    with ray_session("ray", RayOptions(workers=args.workers)):
+        run_sweep("screen", few[:10], shared, executor="ray", chunk_size=5)  # warm-up
+        print(f"ray start-up and warm-up: {time.perf_counter() - t0:.1f} s")
+        ray_screen = _rate("screen", few, shared, "ray", 250)
+        ray_sim = _rate("simulate", sim_pts, lshared, "ray", 2)
+    serial_few = _rate("screen", few, shared, "serial", 250)
+    print(
+        f"screen, {len(few)} layouts: serial {serial_few:,.0f}/s, Ray x{args.workers} "
+        f"{ray_screen:,.0f}/s ({ray_screen / serial_few:.2f}x)"
+    )
+    speedup = ray_sim / sim
+    print(f"simulate, {len(sim_pts)} layouts: Ray x{args.workers} {ray_sim:.1f}/s ({speedup:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
