@@ -110,24 +110,32 @@ def plot_scaling(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path
 
 
 def plot_procurement(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path:
-    """Per option and size: time to train and cost (or tokens/s without a budget)."""
+    """Per option and size, its best layout's time to train, cost and energy (the panels the
+    rows can fill: without a token budget, tokens/s only)."""
     best = best_per_context(rows, by)
     labels = [r["context"] for r in best]
-    has_cost = any(r["cost_usd"] is not None for r in best)
-    has_time = any(r["time_to_train_s"] is not None for r in best)
-    fig, axes = plt.subplots(1, 2 if has_cost else 1, figsize=(12 if has_cost else 7, 5))
-    ax0 = axes[0] if has_cost else axes
-    if has_time:
-        ax0.barh(labels, [(r["time_to_train_s"] or 0) / 86400 for r in best], color="#4c72b0")
-        ax0.set_xlabel("days to train the token budget")
+    panels: list[tuple[str, list[float], str, str]] = []
+    if any(r["time_to_train_s"] is not None for r in best):
+        days = [(r["time_to_train_s"] or 0.0) / 86400 for r in best]
+        panels.append(("days to train the token budget", days, "{:.1f}", "#4c72b0"))
     else:
-        ax0.barh(labels, [r["tokens_per_s"] for r in best], color="#4c72b0")
-        ax0.set_xlabel("best tokens/s")
-    if has_cost:
-        axes[1].barh(labels, [(r["cost_usd"] or 0) / 1e6 for r in best], color="#c44e52")
-        axes[1].set_xlabel("cost, million $ (user-supplied prices)")
-        axes[1].set_yticks([])
-    fig.suptitle("Cluster options: best layout of each")
+        tps = [r["tokens_per_s"] for r in best]
+        panels.append(("best tokens/s", tps, "{:,.0f}", "#4c72b0"))
+    if any(r["cost_usd"] is not None for r in best):
+        cost = [(r["cost_usd"] or 0.0) / 1e6 for r in best]
+        panels.append(("cost, million $ (user-supplied prices)", cost, "{:.2f}", "#c44e52"))
+    if any(r["energy_mwh"] is not None for r in best):
+        mwh = [r["energy_mwh"] or 0.0 for r in best]
+        panels.append(("energy, MWh (user-supplied power)", mwh, "{:,.0f}", "#55a868"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels) + 1.5, 5), squeeze=False)
+    for i, (ax, (xlabel, values, fmt, color)) in enumerate(zip(axes[0], panels, strict=True)):
+        bars = ax.barh(labels, values, color=color)
+        ax.bar_label(bars, labels=[fmt.format(v) for v in values], fontsize=8, padding=2)
+        ax.set_xlabel(xlabel)
+        ax.set_xlim(0, max(values) * 1.2 if values else 1)
+        if i:
+            ax.set_yticks([])
+    fig.suptitle(f"Cluster options: best layout of each (ranked by {by})")
     return _save(fig, path)
 
 
