@@ -57,6 +57,11 @@ def add_kernel_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     v.add_argument("--no-logo", action="store_true", help="skip leave-one-GPU-out (5 retrains)")
     v.set_defaults(handler=_validate)
 
+    pl = ks.add_parser("plot", help="figure: predicted vs measured on GPUs absent from training")
+    pl.add_argument("--data", type=Path, default=None, help="NeuSight data folder")
+    pl.add_argument("--out", type=Path, default=Path("kernels.png"), help="PNG to write")
+    pl.set_defaults(handler=_plot)
+
     tb = ks.add_parser("table", help="print the validation table; --readme rewrites it in place")
     tb.add_argument("--report", type=Path, default=VALIDATION_FILE, help="validation JSON")
     tb.add_argument("--readme", type=Path, default=None, help="README to update in place")
@@ -135,6 +140,19 @@ def _train(args: argparse.Namespace) -> int:
     model.meta["heldout_unseen_gpus"] = unseen_errors(model, data)
     model.save(args.out)
     print(f"wrote weights to {args.out}")
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from forecast.dataset import TRAIN_DEVICES, neusight_files, trained_families
+    from simulator.kernel_plots import plot_predicted_vs_measured
+
+    data = args.data or default_data_dir()
+    files = [p for f in trained_families() for p in neusight_files(data, f)]
+    meas = load_measurements([p for p in files if p.parent.name == "test"])
+    meas.frame = meas.frame[~meas.frame["Device"].isin(TRAIN_DEVICES)]
+    models = {k: _model(k) for k in ("tile-mlp", "roofline")}
+    print(f"wrote {plot_predicted_vs_measured(models, meas, args.out)}")
     return 0
 
 

@@ -100,3 +100,12 @@ def test_bad_eval_file_is_one_line_exit_2(
         csv.write_text(content)
     code, _, err = _run(capsys, "kernels", "eval", "--csv", str(csv), "--json")
     assert code == 2 and needle in err and err.count("\n") == 1
+
+
+def test_plot_writes_a_png(
+    capsys: pytest.CaptureFixture[str], neusight_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "k.png"
+    code, _, _ = _run(capsys, "kernels", "plot", "--data", str(neusight_dir), "--out", str(out))
+    assert code == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
