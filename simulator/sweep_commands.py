@@ -41,7 +41,7 @@ SCREEN_CHUNK = 500
 def add_sweep_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``sweep`` and ``plot``."""
     p = sub.add_parser("sweep", help="search the parallel layouts of a scenario (Ray or serial)")
-    p.add_argument("scenario", help="scenario id (tilesim list scenarios) or TOML path")
+    p.add_argument("scenario", help="shipped id (scenarios/*.toml stem, _ as -) or TOML path")
     p.add_argument("--out", type=Path, help="output dir (default results/<study>/<hash>/)")
     p.add_argument("--address", help="join a Ray cluster: auto or HOST:PORT (default: local)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="local Ray CPUs")
