@@ -7,6 +7,9 @@ MLP predicts ``log(latency_s / base_s)``; its exponent is the inverse of the ach
 utilisation. Features are dimensionless so that they carry over to GPUs never seen:
 work against the GPU's own peaks, blocks against its SMs, footprint against its L2.
 
+Row families (element-wise, softmax, layer norm) also get the GPU's DRAM technology
+(HBM or GDDR): it sets the reachable fraction of peak bandwidth.
+
 The FP32 rate of an SM counts only its FP32-dedicated lanes (Ampere GA10x and Ada SMs
 share half their FP32 lanes with INT32, which SGEMM inner loops need); tensor-core
 dtypes use the catalog's per-dtype peak.
@@ -50,6 +53,7 @@ ROW_FEATURES = (
     "log10_base_us",
     "reads_per_elem",
     "log2_gpu_watts_per_lane_ghz",
+    "gpu_is_hbm",
 )
 
 
@@ -147,4 +151,11 @@ def build_features(
             reads,
         ]
     x = np.column_stack([*cols, g]).astype(np.float32)
+    if family not in GEMM_FAMILIES:
+        # DRAM technology sets the reachable fraction of peak bandwidth (HBM ~0.85, GDDR
+        # ~0.75 on the training GPUs); chosen over no such feature by leave-one-GPU-out
+        # (element-wise 16.8 -> 11.4%, layer norm 14.4 -> 11.3%). Not used for GEMMs, where
+        # it made leave-one-GPU-out worse (linear 27.0 -> 65.0%).
+        hbm = 1.0 if gpu.memory_type.upper().startswith("HBM") else 0.0
+        x = np.column_stack([x, np.full(len(kernels), hbm, dtype=np.float32)])
     return FeatureBatch(x=x, base_s=np.maximum(compute, memory), compute_s=compute, memory_s=memory)

@@ -43,6 +43,7 @@ class GPUSpec(BaseModel):
     boost_clock_hz: float = Field(gt=0)
     base_clock_hz: float | None = Field(default=None, gt=0)
     tdp_w: float | None = Field(default=None, gt=0)
+    memory_type: str = Field(default="unknown", description="DRAM technology: HBM2e, GDDR6, ...")
     hbm_bytes: float = Field(gt=0)
     hbm_bw_bytes_per_s: float = Field(gt=0)
     l2_bytes: float = Field(gt=0)
@@ -133,6 +134,7 @@ def _with_catalog_facts(spec: GPUSpec) -> GPUSpec:
             "smem_bytes_per_sm": cat.smem_bytes_per_sm,
             "regs_bytes_per_sm": cat.regs_bytes_per_sm,
             "fp32_matrix_flops_per_s": cat.fp32_matrix_flops_per_s,
+            "memory_type": cat.memory_type,
         }
     )
 

@@ -125,6 +125,11 @@ class TileMLPModel:
         mlps: dict[OpFamily, TileEnsemble] = {}
         for fam_name, names in meta["families"].items():
             family = OpFamily(fam_name)
+            if list(names) != list(feature_names(family)):
+                raise ModelError(
+                    f"weights in {d} were trained on other {fam_name} features than this "
+                    "version computes; run `tilesim kernels train`"
+                )
             net = TileEnsemble(len(names), members=int(meta.get("members", 1)))
             net.load_state_dict(torch.load(d / f"{fam_name}.pt", weights_only=True))
             net.eval()

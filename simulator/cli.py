@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,8 +19,10 @@ from pydantic import ValidationError
 from forecast.gpus import GPUError, list_gpus, load_gpu
 from simulator.errors import ConfigError, InfeasibleConfig
 from simulator.kernel_commands import KERNEL_ERRORS, add_kernel_commands
+from simulator.models import list_models
 from simulator.predict_commands import add_predict_commands
 from simulator.simulate_commands import add_simulate_commands
+from simulator.space import shipped_scenarios
 from simulator.sweep_commands import add_sweep_commands
 from topologies import Degradation, TopologyError, collective_estimate, load_cluster
 from topologies import report as topo_report
@@ -67,8 +70,8 @@ def _add_topologies(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=_collective)
-    p = sub.add_parser("list", help="print a catalog: gpus, servers or networks")
-    p.add_argument("kind", help="gpus | servers | networks")
+    p = sub.add_parser("list", help="print a catalog: gpus, servers, networks, models, scenarios")
+    p.add_argument("kind", help="gpus | servers | networks | models | scenarios")
     p.set_defaults(handler=_list)
     p = sub.add_parser("collective-plot", help="predicted vs measured all-reduce busbw figure")
     p.add_argument("--data", type=Path, required=True, help="shared/data/hardware folder")
@@ -119,8 +122,13 @@ def _list(args: argparse.Namespace) -> int:
         lines = topo_report.server_lines()
     elif args.kind == "networks":
         lines = topo_report.network_lines()
+    elif args.kind == "models":
+        lines = list_models()
+    elif args.kind == "scenarios":
+        lines = shipped_scenarios()
     else:
-        raise TopologyError(f"unknown catalog {args.kind!r}; use gpus, servers or networks")
+        kinds = "gpus, servers, networks, models or scenarios"
+        raise TopologyError(f"unknown catalog {args.kind!r}; use {kinds}")
     print("\n".join(lines))
     return 0
 
@@ -165,3 +173,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InfeasibleConfig as e:
         print(f"tilesim: infeasible: {e.reason}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # output piped into `head`: stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

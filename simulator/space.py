@@ -100,6 +100,11 @@ class Space:
     train_tokens: float | None
 
 
+def shipped_scenarios() -> list[str]:
+    """Ids of the shipped scenarios (file stems with ``_`` as ``-``), sorted."""
+    return sorted(p.stem.replace("_", "-") for p in SCENARIO_DIR.glob("*.toml"))
+
+
 def find_scenario(name: str | Path) -> Path:
     """A scenario path, or the shipped file whose stem (``_`` as ``-``) equals ``name``."""
     path = Path(name)
@@ -110,7 +115,7 @@ def find_scenario(name: str | Path) -> Path:
     for candidate in sorted(SCENARIO_DIR.glob("*.toml")):
         if name in (candidate.stem, candidate.stem.replace("_", "-")):
             return candidate
-    known = ", ".join(p.stem.replace("_", "-") for p in sorted(SCENARIO_DIR.glob("*.toml")))
+    known = ", ".join(shipped_scenarios())
     raise ConfigError(f"scenario {name!r}: not a file nor a shipped id ({known})")
 
 

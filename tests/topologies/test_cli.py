@@ -58,3 +58,13 @@ def test_check_and_plot(
     out = tmp_path / "b.png"
     assert main(["collective-plot", "--data", str(hardware_dir), "--out", str(out)]) == 0
     assert out.exists()
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"), [("models", "gpt3-175b"), ("scenarios", "gpt3-175b-h100")]
+)
+def test_list_models_and_scenarios(
+    capsys: pytest.CaptureFixture[str], kind: str, expected: str
+) -> None:
+    assert main(["list", kind]) == 0
+    assert expected in capsys.readouterr().out.split()
