@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from forecast.collect_plan import DTYPES, OPS, plan
 from forecast.dataset import load_measurements
-from forecast.profile import DTYPES, OPS, CollectConfig, collect, plan
+from forecast.profile import CollectConfig, collect
 from simulator.cli import main
 
 
