@@ -29,18 +29,14 @@ read: H100 is the project's blind held-out GPU).
 
 from __future__ import annotations
 
-import json
 import tomllib
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-import forecast
-from forecast.gpus import GPUSpec, load_gpu
+from forecast.gpus import GPUSpec
 from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, OpFamily
 
 F64 = npt.NDArray[np.float64]
@@ -215,127 +211,3 @@ def _check(k: KernelSpec, gpu: GPUSpec) -> None:
     gpu.peak_for(k.dtype)  # GPUError for pairs the GPU lacks (fp8 on A100)
     if k.dtype is Dtype.FP8:
         gpu.peak_for(Dtype.FP32)
-
-
-# --- calibration: measurements only ---------------------------------------------------------
-
-DEFAULT_DATA_DIR = Path(forecast.__file__).resolve().parents[2] / "shared" / "data" / "hardware"
-BLIND_GPU = "h100"  # never calibrated on, tuned to or reported as validation
-FA_BENCH_MODEL_DIM = 2048  # flash-attention's benchmark script: heads = 2048 / head_dim
-FITTED = {
-    "level": (0.4, 1.0),
-    "launch_s": (0.5e-6, 15e-6),
-    "tile_overhead_cycles": (0.0, 8000.0),
-    "small_tile_penalty": (0.0, 1.0),
-    "overlap_exponent": (1.0, 8.0),
-}
-FA_FITTED = {"fa_softmax_weight": (0.0, 3.0)}
-
-
-@dataclass(frozen=True)
-class Case:
-    """One measured kernel: GPU id, kernel, achieved TFLOP/s, and a short label."""
-
-    gpu_id: str
-    kernel: KernelSpec
-    measured_tflops: float
-    label: str
-
-
-def benchmark_cases(data_dir: Path = DEFAULT_DATA_DIR) -> tuple[list[Case], dict[str, float]]:
-    """GEMM and flash-attention cases of microbenchmarks.json, and HBM efficiency per GPU."""
-    records = json.loads((data_dir / "microbenchmarks.json").read_text())
-    cases: list[Case] = []
-    hbm: dict[str, float] = {}
-    for rec in records:
-        gpu_id = str(rec["gpu"])
-        if BLIND_GPU in gpu_id.lower():
-            continue
-        for g in rec.get("gemm_cublaslt", []):
-            m, n, k = int(g["m"]), int(g["n"]), int(g["k"])
-            kernel = KernelSpec(OpFamily.BMM, (1, m, k, n), Dtype(g["dtype"]))  # reduce k
-            cases.append(Case(gpu_id, kernel, float(g["tflops"]), f"gemm {m}x{n}x{k}"))
-        fa = rec.get("flash_attention_2")
-        if fa:
-            hd, seq = int(fa["head_dim"]), int(fa["seq_len"])
-            bh = int(fa["batch"]) * FA_BENCH_MODEL_DIM // hd
-            kernel = KernelSpec(OpFamily.ATTENTION, (bh, seq, seq, hd), Dtype.FP16)
-            cases.append(Case(gpu_id, kernel, float(fa["tflops"]), f"fa2 d{hd} s{seq} bh{bh}"))
-        stream = rec.get("hbm_stream_TBps", {}).get("triad")
-        if stream:
-            hbm[gpu_id] = float(stream) * 1e12 / load_gpu(gpu_id).hbm_bw_bytes_per_s
-    return cases, hbm
-
-
-def predicted_tflops(cases: list[Case], params: TCParams) -> F64:
-    """Achieved TFLOP/s the model predicts for each case."""
-    model = TensorCoreModel(params)
-    out = np.empty(len(cases), dtype=np.float64)
-    for gpu_id in sorted({c.gpu_id for c in cases}):
-        idx = [i for i, c in enumerate(cases) if c.gpu_id == gpu_id]
-        kernels = [cases[i].kernel for i in idx]
-        seconds = model.predict_s(kernels, load_gpu(gpu_id))
-        out[idx] = np.array([k.flops() for k in kernels]) / seconds / 1e12
-    return out
-
-
-def _log_loss(cases: list[Case]) -> Callable[[TCParams], float]:
-    measured = np.array([c.measured_tflops for c in cases])
-    return lambda p: float(np.mean(np.log(predicted_tflops(cases, p) / measured) ** 2))
-
-
-def _fit(
-    loss: Callable[[TCParams], float], params: TCParams, bounds: dict[str, tuple[float, float]]
-) -> TCParams:
-    """Coordinate descent on shrinking grids (8 rounds, 21 points a parameter)."""
-    for rnd in range(8):
-        for name, (lo, hi) in bounds.items():
-            half = (hi - lo) / 2.0 ** (rnd + 1)
-            cur = float(getattr(params, name))
-            grid = np.unique(np.clip(np.linspace(cur - half, cur + half, 21), lo, hi))
-            changes: list[dict[str, Any]] = [{name: float(v)} for v in grid]
-            trials = [replace(params, **c) for c in changes]
-            params = trials[int(np.argmin([loss(t) for t in trials]))]
-    return params
-
-
-def calibrate(
-    data_dir: Path = DEFAULT_DATA_DIR, *, holdout: str | None = None, out: Path | None = None
-) -> TCParams:
-    """Fit the constants on every non-H100 GPU of microbenchmarks.json but ``holdout``."""
-    cases, hbm = benchmark_cases(data_dir)
-    used = [c for c in cases if c.gpu_id != holdout]
-    gpus = sorted({c.gpu_id for c in used})
-    params = TCParams(
-        hbm_efficiency=float(np.mean([hbm[g] for g in gpus if g in hbm] or [0.85])),
-        calibrated_on=",".join(gpus),
-    )
-    gemm = [c for c in used if c.kernel.family is not OpFamily.ATTENTION]
-    params = _fit(_log_loss(gemm), params, FITTED)
-    attn = [c for c in used if c.kernel.family is OpFamily.ATTENTION]
-    if attn:
-        params = _fit(_log_loss(attn), params, FA_FITTED)
-    if out is not None:
-        note = "Written by forecast.tensor_core.calibrate from microbenchmarks.json"
-        held = f"held out: {holdout}" if holdout else "nothing held out"
-        save_params(params, out, f"{note}\nCalibrated on: {params.calibrated_on}; {held}; no H100.")
-    return params
-
-
-def validation_rows(params: TCParams, data_dir: Path = DEFAULT_DATA_DIR) -> list[dict[str, object]]:
-    """Every case with measured and predicted TFLOP/s, error, and whether it was calibrated on."""
-    cases, _ = benchmark_cases(data_dir)
-    pred = predicted_tflops(cases, params)
-    used = set(params.calibrated_on.split(","))
-    return [
-        {
-            "gpu": c.gpu_id,
-            "case": c.label,
-            "dtype": c.kernel.dtype.value,
-            "split": "calibration" if c.gpu_id in used else "holdout",
-            "measured_tflops": c.measured_tflops,
-            "predicted_tflops": round(float(p), 1),
-            "error_pct": round(float(p / c.measured_tflops - 1.0) * 100.0, 1),
-        }
-        for c, p in zip(cases, pred, strict=True)
-    ]

@@ -77,7 +77,8 @@ def _collect(args: argparse.Namespace) -> int:
 
 
 def _tc_calibrate(args: argparse.Namespace) -> int:
-    from forecast.tensor_core import DEFAULT_DATA_DIR, PARAMS_FILE, calibrate, validation_rows
+    from forecast.tc_calibrate import DEFAULT_DATA_DIR, calibrate, validation_rows
+    from forecast.tensor_core import PARAMS_FILE
 
     data = args.data or DEFAULT_DATA_DIR
     holdout = None if args.holdout == "none" else args.holdout

@@ -12,14 +12,8 @@ from forecast.gpus import GPUError, GPUSpec, load_gpu
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from forecast.predict import load_latency_model
 from forecast.roofline import RooflineModel
-from forecast.tensor_core import (
-    DEFAULT_DATA_DIR,
-    TensorCoreError,
-    TensorCoreModel,
-    calibrate,
-    load_params,
-    validation_rows,
-)
+from forecast.tc_calibrate import DEFAULT_DATA_DIR, calibrate, validation_rows
+from forecast.tensor_core import TensorCoreError, TensorCoreModel, load_params
 from simulator.cli import main
 
 A100, H200 = "a100-sxm4-80gb", "h200-sxm-141gb"
