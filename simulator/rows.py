@@ -20,14 +20,8 @@ from typing import Any
 
 Row = dict[str, Any]
 
-LAYOUT_COLUMNS = (
-    "key",
-    "option",
-    "context",
-    "gpu",
-    "server",
-    "network",
-    "num_gpus",
+# The fields of a RunConfig that a sweep varies (also the `[sweep]` keys of a layout).
+RUN_KEYS = (
     "tp",
     "pp",
     "dp",
@@ -40,6 +34,7 @@ LAYOUT_COLUMNS = (
     "zero_stage",
     "distributed_optimizer",
 )
+LAYOUT_COLUMNS = ("key", "option", "context", "gpu", "server", "network", "num_gpus", *RUN_KEYS)
 RESULT_COLUMNS = (
     "tier",
     "status",

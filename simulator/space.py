@@ -24,22 +24,10 @@ from pydantic import ValidationError
 
 from simulator.errors import ConfigError
 from simulator.parallel import RunConfig
+from simulator.rows import RUN_KEYS
 from simulator.scenario import Scenario, SimInputs, resolve
 from simulator.simulate import layout_of
 
-RUN_KEYS = (
-    "tp",
-    "pp",
-    "dp",
-    "cp",
-    "micro_batch_size",
-    "schedule",
-    "virtual_stages",
-    "sequence_parallel",
-    "recompute",
-    "zero_stage",
-    "distributed_optimizer",
-)
 OPTION_KEYS = {"id", "gpu", "server", "network", "num_gpus", "gpus_per_node"}
 OPTION_KEYS |= {"nics_per_node", "price_per_gpu_hour", "power_w_per_gpu"}
 SWEEP_KEYS = {*RUN_KEYS, "world_size", "options", "train_tokens"}
