@@ -19,6 +19,11 @@ from forecast.kernels import KernelSpec
 from forecast.roofline import RooflineModel
 
 LatencyTable = dict[KernelSpec, float]
+WEIGHTS_DIR = Path(__file__).parent / "data" / "weights"
+
+
+class ModelError(ValueError):
+    """Weights that are missing or cannot serve a request; the message names the fix."""
 
 
 class LatencyModel(Protocol):

@@ -23,14 +23,10 @@ from forecast.features import build_features, feature_names
 from forecast.gpus import GPUSpec
 from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, OpFamily
 from forecast.mlp import TileEnsemble
+from forecast.predict import WEIGHTS_DIR, ModelError
 from forecast.tilepick import TilePicker, TileTable
 
-WEIGHTS_DIR = Path(__file__).parent / "data" / "weights"
 log = logging.getLogger(__name__)
-
-
-class ModelError(ValueError):
-    """Weights that are missing or cannot serve a request; the message names the fix."""
 
 
 @dataclass

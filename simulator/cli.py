@@ -27,7 +27,6 @@ from simulator.sweep_commands import add_sweep_commands
 from topologies import Degradation, TopologyError, collective_estimate, load_cluster
 from topologies import report as topo_report
 from topologies.measured import compare, load_measured
-from topologies.plots import plot_busbw
 
 # Errors that mean "the user asked for something wrong": one line, exit 2.
 USER_ERRORS: tuple[type[Exception], ...] = (
@@ -135,6 +134,8 @@ def _list(args: argparse.Namespace) -> int:
 
 def _collective_plot(args: argparse.Namespace) -> int:
     curves = load_measured(args.data)
+    from topologies.plots import plot_busbw  # matplotlib only when a figure is asked for
+
     print(plot_busbw(sorted({(c.server, c.gpus) for c in curves}), curves, args.out))
     return 0
 

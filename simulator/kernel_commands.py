@@ -14,10 +14,9 @@ from forecast.dataset import DataError, default_data_dir, load_measurements
 from forecast.evaluate import score, unseen_errors, validate
 from forecast.gpus import load_gpu
 from forecast.kernels import Dtype, KernelSpec, family_of_op
-from forecast.predict import LATENCY_MODELS, load_latency_model
+from forecast.predict import LATENCY_MODELS, WEIGHTS_DIR, ModelError, load_latency_model
 from forecast.report import TABLE_BEGIN, TABLE_END, replace_table, validation_markdown
 from forecast.tensor_core import TensorCoreError
-from forecast.tile_mlp import WEIGHTS_DIR, ModelError
 from simulator.collect_commands import add_collect_commands, gemm_kernel
 from simulator.errors import ConfigError
 

@@ -19,7 +19,6 @@ from pathlib import Path
 from tqdm import tqdm
 
 from simulator.errors import InfeasibleConfig
-from simulator.plots import plot_all
 from simulator.report import RANKINGS, markdown_report, top_table
 from simulator.rows import ProgressLog, Row, final_rows, load_rows, write_rows
 from simulator.scenario import Scenario, load_scenario
@@ -150,6 +149,8 @@ def _finish(
         rows, title=scenario.study.name, pruned=space.pruned, k=args.top, by=args.rank
     )
     (out / "report.md").write_text(report)
+    from simulator.plots import plot_all  # matplotlib only when figures are drawn
+
     figures = plot_all(rows, out, by=args.rank)
     print(top_table(rows, k=args.top, by=args.rank))
     print(f"\nwrote {', '.join(str(p) for p in [*written, out / 'report.md', *figures])}")
@@ -165,6 +166,8 @@ def _finish(
 def _plot(args: argparse.Namespace) -> int:
     rows = load_rows(args.dir)
     out = args.dir if args.dir.is_dir() else args.dir.parent
+    from simulator.plots import plot_all
+
     for path in plot_all(rows, out, by=args.rank):
         print(path)
     return 0

@@ -10,9 +10,9 @@ import torch
 
 from forecast.gpus import GPUSpec
 from forecast.kernels import Dtype, KernelSpec, OpFamily
-from forecast.predict import forecast_table, load_latency_model
+from forecast.predict import ModelError, forecast_table, load_latency_model
 from forecast.roofline import RooflineModel
-from forecast.tile_mlp import MemoryModel, ModelError, TileMLPModel
+from forecast.tile_mlp import MemoryModel, TileMLPModel
 from forecast.tilepick import TilePicker, TileTable
 from forecast.train import fit_mlp
 
