@@ -88,22 +88,30 @@ def gemm_rate_flops_per_s(gpu: GPUSpec, dtype: Dtype) -> float:
     return gpu.peak_for(dtype) / gpu.num_sms
 
 
-def gpu_features(gpu: GPUSpec, dtype: Dtype) -> F64:
-    """The GPU's own dimensionless features (same for every kernel on it)."""
-    del dtype  # one feature today: board power per FP32-lane GHz (power-limited cards)
+def gpu_features(gpu: GPUSpec, family: OpFamily) -> F64:
+    """The GPU's own features (same for every kernel on it), last in a family's columns.
+
+    Board power per FP32-lane GHz marks power-limited cards. Row families also get the DRAM
+    technology, which sets the reachable fraction of peak bandwidth (HBM ~0.85, GDDR ~0.75 on
+    the training GPUs); it was chosen by leave-one-GPU-out (element-wise 16.8 -> 11.4%, layer
+    norm 14.4 -> 11.3%) and left out of GEMMs, where it made that error worse (linear 27.0 ->
+    65.0%).
+    """
     lanes_ghz = gpu.num_sms * gpu.fp32_dedicated_lanes_per_sm * gpu.boost_clock_hz / 1e9
     watts = gpu.tdp_w if gpu.tdp_w is not None else 2.5e-2 * lanes_ghz
-    return np.array([np.log2(watts / lanes_ghz)])
+    if family in GEMM_FAMILIES:
+        return np.array([np.log2(watts / lanes_ghz)])
+    hbm = 1.0 if gpu.memory_type.upper().startswith("HBM") else 0.0
+    return np.array([np.log2(watts / lanes_ghz), hbm])
 
 
-def _times(gpu: GPUSpec, kernels: list[KernelSpec], work: Work) -> tuple[F64, F64]:
-    dtype = kernels[0].dtype
-    if kernels[0].family in GEMM_FAMILIES:
-        rate = gemm_rate_flops_per_s(gpu, dtype)
+def _times(gpu: GPUSpec, kernel: KernelSpec, work: Work, total_bytes: F64) -> tuple[F64, F64]:
+    """Compute and memory seconds of a batch of one family and dtype (``kernel`` is one)."""
+    if kernel.family in GEMM_FAMILIES:
+        rate = gemm_rate_flops_per_s(gpu, kernel.dtype)
     else:
-        rate = sm_rate_flops_per_s(gpu, dtype)
+        rate = sm_rate_flops_per_s(gpu, kernel.dtype)
     compute = work.blocks_per_sm * work.flops_per_block / rate
-    total_bytes = np.array([k.bytes() for k in kernels], dtype=np.float64)
     return compute, total_bytes / gpu.hbm_bw_bytes_per_s
 
 
@@ -127,19 +135,19 @@ def build_features(
     dims = np.array([k.dims for k in kernels], dtype=np.int64)
     total_bytes = np.array([k.bytes() for k in kernels], dtype=np.float64)
     footprint = np.log2(total_bytes / gpu.l2_bytes)
-    g = np.tile(gpu_features(gpu, kernels[0].dtype), (len(kernels), 1))
+    g = np.tile(gpu_features(gpu, family), (len(kernels), 1))
     if family in GEMM_FAMILIES:
         if choice is None:
             raise ValueError("GEMM features need the tile choice")
         work = gemm_work(gpu, dims, choice)
-        compute, memory = _times(gpu, kernels, work)
+        compute, memory = _times(gpu, kernels[0], work, total_bytes)
         c = _common(gpu, work, compute, memory)
         tc, tr, split = (choice[:, i].astype(np.float64) for i in range(3))
         cols = [*c[:5], np.log2(tc * tr), np.log2(tc / tr), np.log2(split), footprint, c[5]]
     else:
         ops = [k.op for k in kernels]
         work = row_work(gpu, family, ops, dims)
-        compute, memory = _times(gpu, kernels, work)
+        compute, memory = _times(gpu, kernels[0], work, total_bytes)
         c = _common(gpu, work, compute, memory)
         reads = total_bytes / (dims[:, 0] * dims[:, 1] * kernels[0].itemsize_bytes)
         cols = [
@@ -151,11 +159,4 @@ def build_features(
             reads,
         ]
     x = np.column_stack([*cols, g]).astype(np.float32)
-    if family not in GEMM_FAMILIES:
-        # DRAM technology sets the reachable fraction of peak bandwidth (HBM ~0.85, GDDR
-        # ~0.75 on the training GPUs); chosen over no such feature by leave-one-GPU-out
-        # (element-wise 16.8 -> 11.4%, layer norm 14.4 -> 11.3%). Not used for GEMMs, where
-        # it made leave-one-GPU-out worse (linear 27.0 -> 65.0%).
-        hbm = 1.0 if gpu.memory_type.upper().startswith("HBM") else 0.0
-        x = np.column_stack([x, np.full(len(kernels), hbm, dtype=np.float32)])
     return FeatureBatch(x=x, base_s=np.maximum(compute, memory), compute_s=compute, memory_s=memory)
