@@ -6,7 +6,6 @@ README table and the accuracy tests.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,14 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from forecast.dataset import TRAIN_DEVICES, Measurements, Skipped, trained_families
+from forecast.dataset import (
+    TRAIN_DEVICES,
+    Measurements,
+    Skipped,
+    load_measurements,
+    neusight_files,
+    trained_families,
+)
 from forecast.gpus import GPUError, GPUSpec, load_gpu
 from forecast.kernels import OpFamily
 from forecast.predict import LatencyModel
@@ -72,20 +78,33 @@ def score(model: LatencyModel, meas: Measurements) -> dict[str, Any]:
     return out
 
 
-def _test_rows(meas: Measurements, devices: Sequence[str]) -> Measurements:
-    f = meas.frame
-    sel = f["Device"].isin(list(devices)) & f["source"].str.contains("/test/")
-    return Measurements(frame=f[sel].copy())
+def neusight_test_rows(data_dir: Path) -> Measurements:
+    """Rows of the NeuSight test sets (shapes of real transformer layers), every GPU."""
+    files = [p for f in trained_families() for p in neusight_files(data_dir, f)]
+    return load_measurements([p for p in files if p.parent.name == "test"])
+
+
+def device_rows(meas: Measurements, device: str) -> Measurements:
+    """The rows of one device."""
+    return Measurements(frame=meas.frame[meas.frame["Device"] == device].copy())
+
+
+def unseen_devices(meas: Measurements) -> list[str]:
+    """Devices of ``meas`` outside the training set, sorted."""
+    return sorted(d for d in set(meas.frame["Device"]) if d not in TRAIN_DEVICES)
 
 
 def unseen_errors(model: LatencyModel, data_dir: Path) -> dict[str, dict[str, Any]]:
     """Per-family error of ``model`` on the test rows of every GPU outside the training set."""
-    from forecast.train import load_family_data
+    rows = neusight_test_rows(data_dir)
+    return {d: _strip(score(model, device_rows(rows, d))) for d in unseen_devices(rows)}
 
-    meas = load_family_data(data_dir, trained_families())
-    rows = Measurements(frame=pd.concat([m.frame for m in meas.values()], ignore_index=True))
-    devices = sorted(d for d in set(rows.frame["Device"]) if d not in TRAIN_DEVICES)
-    return {d: _strip(score(model, _test_rows(rows, [d]))) for d in devices}
+
+def _against_roofline(model: LatencyModel, rows: Measurements) -> dict[str, Any]:
+    return {
+        "tile-mlp": _strip(score(model, rows)),
+        "roofline": _strip(score(RooflineModel(), rows)),
+    }
 
 
 def validate(data_dir: Path, *, logo: bool = True, progress: bool = True) -> dict[str, Any]:
@@ -96,26 +115,16 @@ def validate(data_dir: Path, *, logo: bool = True, progress: bool = True) -> dic
     """
     from forecast.train import load_family_data, train_model
 
-    fams = trained_families()
-    meas = load_family_data(data_dir, fams)
-    all_rows = Measurements(frame=pd.concat([m.frame for m in meas.values()], ignore_index=True))
-    devices = sorted(set(all_rows.frame["Device"]))
-    unseen = [d for d in devices if d not in TRAIN_DEVICES]
+    meas = load_family_data(data_dir, trained_families())  # loaded once for all six fits
+    rows = neusight_test_rows(data_dir)
+    model = train_model(data_dir, meas=meas, progress=progress)
     report: dict[str, Any] = {"unseen": {}, "logo": {}}
-    model = train_model(data_dir, progress=progress)
-    for d in unseen:
-        rows = _test_rows(all_rows, [d])
-        report["unseen"][d] = {
-            "tile-mlp": _strip(score(model, rows)),
-            "roofline": _strip(score(RooflineModel(), rows)),
-        }
+    for d in unseen_devices(rows):
+        report["unseen"][d] = _against_roofline(model, device_rows(rows, d))
     for d in TRAIN_DEVICES if logo else ():
-        held = train_model(data_dir, devices=[x for x in TRAIN_DEVICES if x != d], progress=False)
-        rows = _test_rows(all_rows, [d])
-        report["logo"][d] = {
-            "tile-mlp": _strip(score(held, rows)),
-            "roofline": _strip(score(RooflineModel(), rows)),
-        }
+        devices = [x for x in TRAIN_DEVICES if x != d]
+        held = train_model(data_dir, devices=devices, meas=meas, progress=False)
+        report["logo"][d] = _against_roofline(held, device_rows(rows, d))
     return report
 
 

@@ -166,12 +166,17 @@ def train_model(
     *,
     devices: Sequence[str] = TRAIN_DEVICES,
     families: Sequence[OpFamily] | None = None,
+    meas: dict[OpFamily, Measurements] | None = None,
     progress: bool = True,
 ) -> TileMLPModel:
-    """Train every family on ``devices``; deterministic for the same data."""
+    """Train every family on ``devices``; deterministic for the same data.
+
+    ``meas``: the families' measurements already loaded from ``data_dir`` (validation fits
+    six models on the same data); loaded here when absent.
+    """
     torch.set_num_threads(1)
     fams = tuple(families or trained_families())
-    meas = load_family_data(data_dir, fams)
+    meas = meas if meas is not None else load_family_data(data_dir, fams)
     picker = build_picker(meas, devices)
     mlps = {}
     for family in tqdm(fams, desc="training", unit="family", disable=not progress):

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from forecast.dataset import DataError, default_data_dir, load_measurements
-from forecast.evaluate import score, unseen_errors, validate
+from forecast.evaluate import neusight_test_rows, score, unseen_errors, validate
 from forecast.gpus import load_gpu
 from forecast.kernels import Dtype, KernelSpec, family_of_op
 from forecast.predict import LATENCY_MODELS, WEIGHTS_DIR, ModelError, load_latency_model
@@ -143,12 +143,10 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from forecast.dataset import TRAIN_DEVICES, neusight_files, trained_families
+    from forecast.dataset import TRAIN_DEVICES
     from simulator.kernel_plots import plot_predicted_vs_measured
 
-    data = args.data or default_data_dir()
-    files = [p for f in trained_families() for p in neusight_files(data, f)]
-    meas = load_measurements([p for p in files if p.parent.name == "test"])
+    meas = neusight_test_rows(args.data or default_data_dir())
     meas.frame = meas.frame[~meas.frame["Device"].isin(TRAIN_DEVICES)]
     models = {k: _model(k) for k in ("tile-mlp", "roofline")}
     print(f"wrote {plot_predicted_vs_measured(models, meas, args.out)}")

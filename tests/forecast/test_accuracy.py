@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from forecast.dataset import Measurements, load_measurements, neusight_files, trained_families
-from forecast.evaluate import score
+from forecast.dataset import Measurements
+from forecast.evaluate import device_rows, neusight_test_rows, score
 from forecast.predict import load_latency_model
 from forecast.roofline import RooflineModel
 from simulator.kernel_commands import VALIDATION_FILE
@@ -25,10 +25,7 @@ pytestmark = pytest.mark.slow
 
 
 def _unseen_test_rows(neusight_dir: Path, device: str) -> Measurements:
-    files = [p for f in trained_families() for p in neusight_files(neusight_dir, f)]
-    meas = load_measurements([p for p in files if p.parent.name == "test"])
-    meas.frame = meas.frame[meas.frame["Device"] == device]
-    return meas
+    return device_rows(neusight_test_rows(neusight_dir), device)
 
 
 @pytest.mark.parametrize("device", UNSEEN)
