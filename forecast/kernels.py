@@ -109,15 +109,23 @@ NEUSIGHT_OPS: dict[str, tuple[OpFamily, str]] = {
 }
 
 
-def family_of_op(op: str) -> OpFamily:
-    """Return the family of an operator name (``gelu`` -> elementwise, ``ln`` -> layernorm)."""
+def resolve_op(op: str) -> tuple[OpFamily, str]:
+    """Family and operator of an operator name: ``gelu`` -> (elementwise, gelu), ``ln`` ->
+    (layernorm, layernorm); a family name stands for its first operator."""
     if op in NEUSIGHT_OPS:
-        return NEUSIGHT_OPS[op][0]
+        return NEUSIGHT_OPS[op]
     for family, ops in FAMILY_OPS.items():
-        if op in ops or op == family.value:
-            return family
+        if op in ops:
+            return family, op
+        if op == family.value:
+            return family, ops[0]
     known = sorted({*NEUSIGHT_OPS, *(o for ops in FAMILY_OPS.values() for o in ops)})
     raise ValueError(f"unknown op {op!r}; accepted: {', '.join(known)}")
+
+
+def family_of_op(op: str) -> OpFamily:
+    """Return the family of an operator name (``gelu`` -> elementwise, ``ln`` -> layernorm)."""
+    return resolve_op(op)[0]
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from typing import Any
 from forecast.dataset import DataError, default_data_dir, load_measurements
 from forecast.evaluate import neusight_test_rows, score, unseen_errors, validate
 from forecast.gpus import load_gpu
-from forecast.kernels import Dtype, KernelSpec, family_of_op
+from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, resolve_op
 from forecast.predict import LATENCY_MODELS, WEIGHTS_DIR, ModelError, load_latency_model
 from forecast.report import TABLE_BEGIN, TABLE_END, replace_table, validation_markdown
 from forecast.tensor_core import TensorCoreError
@@ -79,7 +79,7 @@ def _kernel(args: argparse.Namespace) -> KernelSpec:
     if args.op == "gemm":  # M,N,K with K the reduction -> bmm (1, M, K, N)
         return gemm_kernel(args.dims, args.dtype)
     try:
-        family = family_of_op(args.op)
+        family, op = resolve_op(args.op)
     except ValueError as e:
         raise ConfigError(f"--op: {e}") from e
     if args.dtype not in {d.value for d in Dtype}:
@@ -87,11 +87,10 @@ def _kernel(args: argparse.Namespace) -> KernelSpec:
         raise ConfigError(f"--dtype {args.dtype!r}: use one of {accepted}")
     dtype = Dtype(args.dtype)
     dims = _parse_dims(args.dims)
-    if family.value in ("bmm", "linear") and len(dims) == 3:
+    if family in GEMM_FAMILIES and len(dims) == 3:
         dims = (1, *dims)  # linear M,N,K
-    op = "layernorm" if args.op == "ln" else args.op
     try:
-        return KernelSpec(family, dims, dtype, op if op != family.value else "")
+        return KernelSpec(family, dims, dtype, op)
     except ValueError as e:
         raise ConfigError(f"--dims/--op: {e}") from e
 
