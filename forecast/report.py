@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from forecast.dataset import trained_families
@@ -30,12 +31,19 @@ def validation_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def replace_table(
-    readme: str, table: str, *, begin: str = TABLE_BEGIN, end: str = TABLE_END
-) -> str:
-    """README text with the block between two marker lines replaced by ``table``."""
-    if begin not in readme or end not in readme:
-        raise ValueError(f"markers {begin!r} and {end!r} not found")
-    start = readme.index(begin) + len(begin)
-    stop = readme.index(end)
-    return readme[:start] + "\n" + table + "\n" + readme[stop:]
+class ReportError(ValueError):
+    """A README that cannot take a generated table; the message names the file and markers."""
+
+
+def update_readme(
+    path: Path, table: str, *, begin: str = TABLE_BEGIN, end: str = TABLE_END
+) -> None:
+    """Replace the block between two marker lines of ``path`` by ``table``."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ReportError(f"cannot read {path}: {e}") from e
+    if begin not in text or end not in text:
+        raise ReportError(f"{path}: markers {begin!r} and {end!r} not found")
+    start, stop = text.index(begin) + len(begin), text.index(end)
+    path.write_text(text[:start] + "\n" + table + "\n" + text[stop:])

@@ -15,12 +15,12 @@ from forecast.evaluate import neusight_test_rows, score, unseen_errors, validate
 from forecast.gpus import load_gpu
 from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, resolve_op
 from forecast.predict import LATENCY_MODELS, WEIGHTS_DIR, ModelError, load_latency_model
-from forecast.report import TABLE_BEGIN, TABLE_END, replace_table, validation_markdown
+from forecast.report import ReportError, update_readme, validation_markdown
 from forecast.tensor_core import TensorCoreError
 from simulator.collect_commands import add_collect_commands, gemm_kernel
 from simulator.errors import ConfigError
 
-KERNEL_ERRORS: tuple[type[Exception], ...] = (DataError, ModelError, TensorCoreError)
+KERNEL_ERRORS: tuple[type[Exception], ...] = (DataError, ModelError, TensorCoreError, ReportError)
 VALIDATION_FILE = WEIGHTS_DIR / "validation.json"
 
 
@@ -161,10 +161,7 @@ def _table(args: argparse.Namespace) -> int:
     if args.readme is None:
         print(table)
         return 0
-    text = args.readme.read_text()
-    if TABLE_BEGIN not in text or TABLE_END not in text:
-        raise ConfigError(f"--readme {args.readme}: markers {TABLE_BEGIN!r} ... not found")
-    args.readme.write_text(replace_table(text, table))
+    update_readme(args.readme, table)
     print(f"updated {args.readme}")
     return 0
 

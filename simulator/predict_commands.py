@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from forecast.gpus import GPUError, load_gpu
 from forecast.predict import load_latency_model
-from forecast.report import replace_table
+from forecast.report import update_readme
 from simulator.e2e import FITTED, E2EResult, predict_run
 from simulator.e2e_validate import PreparedRun, load_labels, prepare, rel_errors
 from simulator.errors import ConfigError
@@ -142,8 +142,7 @@ def _validate_e2e(args: argparse.Namespace) -> int:
     runs = {k: prepare(labels, args.data, load_latency_model(k)) for k in ("tile-mlp", "roofline")}
     table = "\n".join(_gpu_rows(runs))
     if args.readme is not None:
-        text = replace_table(args.readme.read_text(), table, begin=E2E_BEGIN, end=E2E_END)
-        args.readme.write_text(text)
+        update_readme(args.readme, table, begin=E2E_BEGIN, end=E2E_END)
     print(table)
     if args.markdown or args.readme is not None:
         return 0
