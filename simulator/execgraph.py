@@ -4,16 +4,14 @@ Symmetry: every DP replica and every TP/CP rank of a stage runs the same tasks a
 times, so the graph holds one replica's ``pp`` stages; DP collectives are priced over the
 real DP group (`comm`). A 16k-GPU job is thus a graph of a few thousand nodes.
 
-Schema (node id -> attributes; every node has ``kind``, ``stage``, ``stream``, ``duration_s``,
-``label``):
+Schema (node id -> attributes; every node has ``kind``, ``stage``, ``stream`` and
+``duration_s``; `task_label` names a node from its id):
 
 * ``("F"|"B", stage, chunk, micro, piece)``: ``kind="compute"``, ``stream="compute"``; all
   layers of one model chunk for one micro-batch, forward or backward (recompute included).
   ``duration_s`` = kernels + blocking TP/EP collectives + CP excess; the parts are kept in
   ``compute_s``, ``tp_s``, ``ep_s``, ``cp_s``. A chunk's last backward is cut into ``buckets``
   equal pieces when DP gradient reduction overlaps backward; other tasks have ``piece = 0``.
-* ``("P", "F"|"B", virtual_stage, micro)``: ``kind="comm"``, ``comm="pp"``, ``stream="pp"``;
-  the activation (F) or gradient (B) send-recv leaving that virtual stage.
 * ``("D", stage, chunk, bucket)``: ``comm="dp"``, ``stream="dp"``; gradient all-reduce or
   reduce-scatter of one bucket of a chunk.
 * ``("G", stage, phase, chunk, micro)`` / ``("R", stage, chunk, micro)``: ZeRO-3 parameter
@@ -24,20 +22,26 @@ Schema (node id -> attributes; every node has ``kind``, ``stage``, ``stream``, `
 
 Edges (attribute ``dep``): ``"stream"`` (consecutive tasks of one stream of one stage, in
 schedule order) and ``"data"`` (activations forward, gradients backward, gradients to their
-reduction, reductions to the optimizer).
+reduction, reductions to the optimizer). A data edge between pipeline stages carries the
+point-to-point send-recv as ``delay_s`` (``comm="pp"``): the activation (forward) or gradient
+(backward) leaving virtual stage ``vs`` for micro-batch ``i``; the receiver starts ``delay_s``
+after the sender ends. Sends are latency, not a contended stream, so they need no node of
+their own, which halves the graph of a deep pipeline.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import networkx as nx
 
-from simulator.schedules import SCHEDULES, Slot
+from simulator.schedules import Slot, stage_orders
 
 Node = tuple[Any, ...]
+Ends = tuple[Node, Node]  # first and last piece of one task
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,12 +85,13 @@ class StepCosts:
         return len(self.chunks[0])
 
 
-def _pieces(costs: StepCosts, s: int, slot: Slot) -> int:
+def _pieces(costs: StepCosts, slot: Slot) -> int:
     last_b = slot.phase == "B" and slot.micro == costs.num_micro_batches - 1
     return costs.buckets if costs.overlap_grad_reduce and last_b else 1
 
 
-def _add_task(g: nx.DiGraph, costs: StepCosts, s: int, slot: Slot, n: int) -> list[Node]:
+def _task_attrs(costs: StepCosts, s: int, slot: Slot, n: int) -> dict[str, Any]:
+    """Attributes of each of the ``n`` pieces of one compute task (equal for all micro-batches)."""
     c = costs.chunks[s][slot.chunk]
     fw = slot.phase == "F"
     parts = {
@@ -96,29 +101,39 @@ def _add_task(g: nx.DiGraph, costs: StepCosts, s: int, slot: Slot, n: int) -> li
         "cp_s": c.fw_cp_s if fw else c.bw_cp_s,
     }
     total = sum(parts.values())
-    ids = [(slot.phase, s, slot.chunk, slot.micro, k) for k in range(n)]
-    for k, node in enumerate(ids):
-        g.add_node(
-            node,
-            kind="compute",
-            stage=s,
-            stream="compute",
-            duration_s=total / n,
-            label=f"{slot.phase}{slot.micro} c{slot.chunk}" + (f" b{k}" if n > 1 else ""),
-            **{key: val / n for key, val in parts.items()},
-        )
-    for a, b in itertools.pairwise(ids):
-        g.add_edge(a, b, dep="stream")
-    return ids
+    return {
+        "kind": "compute",
+        "stage": s,
+        "stream": "compute",
+        "duration_s": total / n,
+        **{key: val / n for key, val in parts.items()},
+    }
+
+
+def _add_stage_tasks(
+    g: nx.DiGraph, costs: StepCosts, s: int, order: Sequence[Slot], ends: dict[Node, Ends]
+) -> None:
+    """All compute tasks of one stage, chained on its compute stream in schedule order."""
+    attrs: dict[tuple[int, str, int], dict[str, Any]] = {}
+    nodes: list[tuple[Node, dict[str, Any]]] = []
+    for slot in order:
+        n = _pieces(costs, slot)
+        key = (slot.chunk, slot.phase, n)
+        if key not in attrs:
+            attrs[key] = _task_attrs(costs, s, slot, n)
+        first = (slot.phase, s, slot.chunk, slot.micro, 0)
+        last = (slot.phase, s, slot.chunk, slot.micro, n - 1)
+        nodes += [((slot.phase, s, slot.chunk, slot.micro, k), attrs[key]) for k in range(n)]
+        ends[(slot.phase, s, slot.chunk, slot.micro)] = (first, last)
+    g.add_nodes_from(nodes)
+    _chain(g, [node for node, _ in nodes])
 
 
 def _chain(g: nx.DiGraph, nodes: list[Node]) -> None:
-    for a, b in itertools.pairwise(nodes):
-        g.add_edge(a, b, dep="stream")
+    g.add_edges_from(itertools.pairwise(nodes), dep="stream")
 
 
 def _add_comm(g: nx.DiGraph, node: Node, stage: int, stream: str, duration_s: float) -> None:
-    label = "-".join(str(x) for x in node)
     g.add_node(
         node,
         kind="comm",
@@ -126,36 +141,32 @@ def _add_comm(g: nx.DiGraph, node: Node, stage: int, stream: str, duration_s: fl
         stage=stage,
         stream=stream,
         duration_s=duration_s,
-        label=label,
     )
 
 
-def _add_pipeline_edges(
-    g: nx.DiGraph, costs: StepCosts, ends: dict[Node, tuple[Node, Node]]
-) -> None:
+def _add_pipeline_edges(g: nx.DiGraph, costs: StepCosts, ends: dict[Node, Ends]) -> None:
     pp, v, m = costs.pp, costs.v, costs.num_micro_batches
     nv = pp * v
+    hop = {"dep": "data", "comm": "pp", "delay_s": costs.pp_hop_s}
+    edges: list[tuple[Node, Node, dict[str, Any]]] = []
     for vs in range(nv):
         s, c = vs % pp, vs // pp
+        nxt = ((vs + 1) % pp, (vs + 1) // pp)
+        prv = ((vs - 1) % pp, (vs - 1) // pp)
         for i in range(m):
-            _f_first, f_last = ends[("F", s, c, i)]
+            f_last = ends[("F", s, c, i)][1]
             b_first, b_last = ends[("B", s, c, i)]
             if vs + 1 < nv:
-                hop = ("P", "F", vs, i)
-                _add_comm(g, hop, s, "pp", costs.pp_hop_s)
-                g.add_edge(f_last, hop, dep="data")
-                g.add_edge(hop, ends[("F", (vs + 1) % pp, (vs + 1) // pp, i)][0], dep="data")
+                edges.append((f_last, ends[("F", *nxt, i)][0], hop))
             else:
-                g.add_edge(f_last, b_first, dep="data")
+                edges.append((f_last, b_first, {"dep": "data"}))
             if vs > 0:
-                hop = ("P", "B", vs, i)
-                _add_comm(g, hop, s, "pp", costs.pp_hop_s)
-                g.add_edge(b_last, hop, dep="data")
-                g.add_edge(hop, ends[("B", (vs - 1) % pp, (vs - 1) // pp, i)][0], dep="data")
+                edges.append((b_last, ends[("B", *prv, i)][0], hop))
+    g.add_edges_from(edges)
 
 
 def _add_zero3(
-    g: nx.DiGraph, costs: StepCosts, s: int, order: list[Slot], ends: dict[Node, tuple[Node, Node]]
+    g: nx.DiGraph, costs: StepCosts, s: int, order: Sequence[Slot], ends: dict[Node, Ends]
 ) -> list[Node]:
     gathers, scatters = [], []
     for slot in order:
@@ -178,8 +189,8 @@ def _add_grad_sync(
     g: nx.DiGraph,
     costs: StepCosts,
     s: int,
-    order: list[Slot],
-    ends: dict[Node, tuple[Node, Node]],
+    order: Sequence[Slot],
+    ends: dict[Node, Ends],
     last: Node,
 ) -> list[Node]:
     nodes: list[Node] = []
@@ -200,16 +211,10 @@ def _add_grad_sync(
 def build_exec_graph(costs: StepCosts) -> nx.DiGraph:
     """One step's task graph (schema in the module docstring)."""
     g = nx.DiGraph()
-    orders = SCHEDULES[costs.schedule](costs.pp, costs.num_micro_batches, costs.v)
-    ends: dict[Node, tuple[Node, Node]] = {}
+    orders = stage_orders(costs.schedule, costs.pp, costs.num_micro_batches, costs.v)
+    ends: dict[Node, Ends] = {}
     for s, order in enumerate(orders):
-        prev: Node | None = None
-        for slot in order:
-            ids = _add_task(g, costs, s, slot, _pieces(costs, s, slot))
-            ends[(slot.phase, s, slot.chunk, slot.micro)] = (ids[0], ids[-1])
-            if prev is not None:
-                g.add_edge(prev, ids[0], dep="stream")
-            prev = ids[-1]
+        _add_stage_tasks(g, costs, s, order, ends)
     _add_pipeline_edges(g, costs, ends)
     for s, order in enumerate(orders):
         last = ends[(order[-1].phase, s, order[-1].chunk, order[-1].micro)][1]
@@ -223,7 +228,6 @@ def build_exec_graph(costs: StepCosts) -> nx.DiGraph:
             stage=s,
             stream="compute",
             duration_s=costs.optimizer_s[s],
-            label="optimizer",
         )
         for src in [last, *comm]:
             g.add_edge(src, opt, dep="data")
@@ -231,6 +235,17 @@ def build_exec_graph(costs: StepCosts) -> nx.DiGraph:
             _add_comm(g, ("A", s), s, "dp", costs.param_gather_s[s])
             g.add_edge(opt, ("A", s), dep="data")
     return g
+
+
+def task_label(node: Node) -> str:
+    """A short name for a node from its id: ``F3 c0``, ``B7 c1 b2``, ``D-0-1-2``, ``optimizer``."""
+    kind = node[0]
+    if kind in ("F", "B"):
+        _, _, chunk, micro, piece = node
+        return f"{kind}{micro} c{chunk}" + (f" b{piece}" if piece else "")
+    if kind == "O":
+        return "optimizer"
+    return "-".join(str(x) for x in node)
 
 
 def _zero3(costs: StepCosts, s: int) -> bool:

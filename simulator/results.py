@@ -9,6 +9,7 @@ scores), as Narayanan's published TFLOP/s count them.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -83,14 +84,19 @@ def _flops(info: StepInfo) -> tuple[float, float]:
 
 def _exposed(t: Timeline) -> dict[str, float]:
     out = {"tp": 0.0, "cp": 0.0, "ep": 0.0, "pp": 0.0, "dp": 0.0}
-    nodes = t.graph.nodes
-    for n in critical_path(t):
+    nodes, edges = t.graph.nodes, t.graph.edges
+    path = critical_path(t)
+    for n in path:
         a = nodes[n]
         if a["kind"] == "compute":
             for k in ("tp", "cp", "ep"):
                 out[k] += a[f"{k}_s"]
         elif a["kind"] == "comm":
             out[a["comm"]] += a["duration_s"]
+    for a, b in itertools.pairwise(path):
+        e = edges[a, b]
+        if "comm" in e:
+            out[e["comm"]] += e["delay_s"]
     return out
 
 

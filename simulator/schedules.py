@@ -9,7 +9,8 @@ free communication: GPipe and 1F1B idle ``(p-1)/(m+p-1)`` of the step; interleav
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -79,7 +80,15 @@ SCHEDULES: dict[str, Callable[[int, int, int], list[list[Slot]]]] = {
 }
 
 
-def in_flight(order: list[Slot]) -> int:
+@functools.lru_cache(maxsize=512)
+def stage_orders(name: str, pp: int, m: int, v: int) -> tuple[tuple[Slot, ...], ...]:
+    """Each stage's task order under schedule ``name``, cached: a sweep asks for the same
+    (schedule, pp, m, v) for many layouts, and the execution graph and the memory model both
+    need it."""
+    return tuple(tuple(order) for order in SCHEDULES[name](pp, m, v))
+
+
+def in_flight(order: Sequence[Slot]) -> int:
     """Most (micro-batch, chunk) activations a stage holds at once under this order."""
     live = peak = 0
     for slot in order:

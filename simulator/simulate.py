@@ -19,7 +19,7 @@ from simulator.parallel import Layout, RunConfig, check_run
 from simulator.results import StepInfo, StepResult, summarize
 from simulator.scenario import SimInputs
 from simulator.scheduler import Timeline, schedule
-from simulator.schedules import SCHEDULES, in_flight
+from simulator.schedules import in_flight, stage_orders
 from simulator.stagecost import kernels_for
 from simulator.stepcosts import stage_params, step_costs
 
@@ -44,7 +44,7 @@ def layout_of(inputs: SimInputs, run: RunConfig) -> Layout:
 def peak_memory(inputs: SimInputs, layout: Layout) -> MemoryBreakdown:
     """The fullest GPU's memory over all pipeline stages."""
     run = layout.run
-    orders = SCHEDULES[run.schedule](run.pp, layout.num_micro_batches, layout.chunks)
+    orders = stage_orders(run.schedule, run.pp, layout.num_micro_batches, layout.chunks)
     params = stage_params(inputs, layout)
     stages = [
         stage_memory(inputs, layout, s, params[s], in_flight(orders[s])) for s in range(run.pp)

@@ -1,7 +1,8 @@
 """Timeline -> Chrome trace JSON (chrome://tracing, ui.perfetto.dev).
 
 One process per pipeline stage (one representative GPU), one thread per stream (compute, pp,
-dp, dp-gather); complete events (``ph = "X"``) in microseconds.
+dp, dp-gather); complete events (``ph = "X"``) in microseconds. Pipeline sends are edges of the
+graph (``delay_s``), drawn on the sender's pp thread.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from simulator.execgraph import task_label
 from simulator.scheduler import Timeline
 
 STREAM_TIDS = {"compute": 0, "pp": 1, "dp": 2, "dp-gather": 3}
@@ -26,7 +28,7 @@ def chrome_trace(timeline: Timeline) -> dict[str, Any]:
         args = {k: a[k] for k in ("tp_s", "cp_s", "ep_s") if k in a and a[k] > 0}
         events.append(
             {
-                "name": a["label"],
+                "name": task_label(node),
                 "cat": a.get("comm", a["kind"]),
                 "ph": "X",
                 "pid": a["stage"],
@@ -36,6 +38,22 @@ def chrome_trace(timeline: Timeline) -> dict[str, Any]:
                 "args": args,
             }
         )
+    for (src, _dst), e in timeline.graph.edges.items():
+        if e.get("delay_s", 0.0) > 0:
+            a = timeline.graph.nodes[src]
+            t = timeline.end_s[src]
+            events.append(
+                {
+                    "name": f"send {task_label(src)}",
+                    "cat": e["comm"],
+                    "ph": "X",
+                    "pid": a["stage"],
+                    "tid": STREAM_TIDS[e["comm"]],
+                    "ts": t * 1e6,
+                    "dur": e["delay_s"] * 1e6,
+                    "args": {},
+                }
+            )
     for s in sorted(stages):
         events.append({"name": "process_name", "ph": "M", "pid": s, "args": {"name": f"stage {s}"}})
         for stream, tid in STREAM_TIDS.items():
