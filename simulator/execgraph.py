@@ -4,14 +4,21 @@ Symmetry: every DP replica and every TP/CP rank of a stage runs the same tasks a
 times, so the graph holds one replica's ``pp`` stages; DP collectives are priced over the
 real DP group (`comm`). A 16k-GPU job is thus a graph of a few thousand nodes.
 
-Schema (node id -> attributes; every node has ``kind``, ``stage``, ``stream`` and
-``duration_s``; `task_label` names a node from its id):
+Structure and prices are kept apart. The graph depends only on the step's `Shape` (schedule,
+stages, chunks, micro-batches, buckets, which stages gather ZeRO-3 parameters); it is built
+once per shape, frozen and shared by every layout of that shape (a sweep has many). Each node
+and each timed edge names a *cost key*; `StepGraph` pairs the graph with one layout's price of
+every key (`seconds`).
+
+Schema (node id -> attributes; every node has ``kind``, ``stage``, ``stream`` and ``cost``;
+`StepGraph.duration_s` prices a node, `task_label` names it):
 
 * ``("F"|"B", stage, chunk, micro, piece)``: ``kind="compute"``, ``stream="compute"``; all
   layers of one model chunk for one micro-batch, forward or backward (recompute included).
-  ``duration_s`` = kernels + blocking TP/EP collectives + CP excess; the parts are kept in
-  ``compute_s``, ``tp_s``, ``ep_s``, ``cp_s``. A chunk's last backward is cut into ``buckets``
-  equal pieces when DP gradient reduction overlaps backward; other tasks have ``piece = 0``.
+  Its time = kernels + blocking TP/EP collectives + CP excess (`StepGraph.parts` splits it
+  into ``compute_s``, ``tp_s``, ``ep_s``, ``cp_s``). A chunk's last backward is cut into
+  ``buckets`` equal pieces when DP gradient reduction overlaps backward; other tasks have
+  ``piece = 0``.
 * ``("D", stage, chunk, bucket)``: ``comm="dp"``, ``stream="dp"``; gradient all-reduce or
   reduce-scatter of one bucket of a chunk.
 * ``("G", stage, phase, chunk, micro)`` / ``("R", stage, chunk, micro)``: ZeRO-3 parameter
@@ -23,14 +30,15 @@ Schema (node id -> attributes; every node has ``kind``, ``stage``, ``stream`` an
 Edges (attribute ``dep``): ``"stream"`` (consecutive tasks of one stream of one stage, in
 schedule order) and ``"data"`` (activations forward, gradients backward, gradients to their
 reduction, reductions to the optimizer). A data edge between pipeline stages carries the
-point-to-point send-recv as ``delay_s`` (``comm="pp"``): the activation (forward) or gradient
-(backward) leaving virtual stage ``vs`` for micro-batch ``i``; the receiver starts ``delay_s``
-after the sender ends. Sends are latency, not a contended stream, so they need no node of
-their own, which halves the graph of a deep pipeline.
+point-to-point send-recv (``comm="pp"``, cost key in ``delay``): the activation (forward) or
+gradient (backward) leaving virtual stage ``vs`` for micro-batch ``i``; the receiver starts
+that long after the sender ends. Sends are latency, not a contended stream, so they need no
+node of their own, which halves the graph of a deep pipeline.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,7 +49,10 @@ import networkx as nx
 from simulator.schedules import Slot, stage_orders
 
 Node = tuple[Any, ...]
+CostKey = tuple[Any, ...]
 Ends = tuple[Node, Node]  # first and last piece of one task
+PP_HOP: CostKey = ("pp_hop",)
+_PARTS = ("compute_s", "tp_s", "ep_s", "cp_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +70,12 @@ class ChunkCost:
     grad_sync_s: float = 0.0  # whole chunk, once per step (ZeRO-0/1/2)
     zero3_gather_s: float = 0.0  # per task
     zero3_scatter_s: float = 0.0  # per backward
+
+    def parts(self, phase: str) -> tuple[float, float, float, float]:
+        """(compute, tp, ep, cp) seconds of one forward (``"F"``) or backward (``"B"``)."""
+        if phase == "F":
+            return self.fw_compute_s, self.fw_tp_s, self.fw_ep_s, self.fw_cp_s
+        return self.bw_compute_s, self.bw_tp_s, self.bw_ep_s, self.bw_cp_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,47 +101,129 @@ class StepCosts:
         """Model chunks per stage."""
         return len(self.chunks[0])
 
+    def seconds(self, key: CostKey) -> float:
+        """The price of one cost key (see the module docstring)."""
+        kind = key[0]
+        if kind == "task":
+            _, s, chunk, phase, n = key
+            return sum(self.chunks[s][chunk].parts(phase)) / n
+        if kind == "grad_sync":
+            _, s, chunk, n = key
+            return self.chunks[s][chunk].grad_sync_s / n
+        if kind == "zero3_gather":
+            return self.chunks[key[1]][key[2]].zero3_gather_s
+        if kind == "zero3_scatter":
+            return self.chunks[key[1]][key[2]].zero3_scatter_s
+        if kind == "optimizer":
+            return self.optimizer_s[key[1]]
+        if kind == "param_gather":
+            return self.param_gather_s[key[1]]
+        if key == PP_HOP:
+            return self.pp_hop_s
+        raise KeyError(key)
 
-def _pieces(costs: StepCosts, slot: Slot) -> int:
-    last_b = slot.phase == "B" and slot.micro == costs.num_micro_batches - 1
-    return costs.buckets if costs.overlap_grad_reduce and last_b else 1
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What the graph's structure depends on (not on any duration)."""
+
+    schedule: str
+    pp: int
+    v: int
+    m: int
+    pieces: int  # of a chunk's last backward: buckets when reduction overlaps backward
+    overlap_grad_reduce: bool
+    zero3: tuple[bool, ...]  # per stage: ZeRO-3 gathers and scatters present
+    param_gather: tuple[bool, ...]  # per stage: parameter all-gather after the optimizer
+
+    @classmethod
+    def of(cls, costs: StepCosts) -> Shape:
+        """The shape of one layout's costs."""
+        overlap = costs.overlap_grad_reduce
+        return cls(
+            schedule=costs.schedule,
+            pp=costs.pp,
+            v=costs.v,
+            m=costs.num_micro_batches,
+            pieces=costs.buckets if overlap else 1,
+            overlap_grad_reduce=overlap,
+            zero3=tuple(any(c.zero3_gather_s > 0 for c in row) for row in costs.chunks),
+            param_gather=tuple(t > 0 for t in costs.param_gather_s),
+        )
 
 
-def _task_attrs(costs: StepCosts, s: int, slot: Slot, n: int) -> dict[str, Any]:
-    """Attributes of each of the ``n`` pieces of one compute task (equal for all micro-batches)."""
-    c = costs.chunks[s][slot.chunk]
-    fw = slot.phase == "F"
-    parts = {
-        "compute_s": c.fw_compute_s if fw else c.bw_compute_s,
-        "tp_s": c.fw_tp_s if fw else c.bw_tp_s,
-        "ep_s": c.fw_ep_s if fw else c.bw_ep_s,
-        "cp_s": c.fw_cp_s if fw else c.bw_cp_s,
-    }
-    total = sum(parts.values())
-    return {
-        "kind": "compute",
-        "stage": s,
-        "stream": "compute",
-        "duration_s": total / n,
-        **{key: val / n for key, val in parts.items()},
-    }
+@dataclass(frozen=True)
+class StepGraph:
+    """A frozen execution graph (shared by a shape) with one layout's prices."""
+
+    graph: nx.DiGraph
+    costs: StepCosts
+    seconds: dict[CostKey, float]
+
+    def duration_s(self, node: Node) -> float:
+        """Seconds the node's task takes."""
+        return self.seconds[self.graph.nodes[node]["cost"]]
+
+    def delay_s(self, u: Node, v: Node) -> float:
+        """Seconds between the end of ``u`` and the earliest start of ``v`` (a send)."""
+        key = self.graph.edges[u, v].get("delay")
+        return 0.0 if key is None else self.seconds[key]
+
+    def parts(self, node: Node) -> dict[str, float]:
+        """A compute node's time split into ``compute_s``, ``tp_s``, ``ep_s``, ``cp_s``."""
+        _, s, chunk, phase, n = self.graph.nodes[node]["cost"]
+        parts = self.costs.chunks[s][chunk].parts(phase)
+        return {k: t / n for k, t in zip(_PARTS, parts, strict=True)}
+
+
+def build_exec_graph(costs: StepCosts) -> StepGraph:
+    """One step's task graph (schema in the module docstring) with its prices."""
+    graph = exec_graph(Shape.of(costs))
+    keys: tuple[CostKey, ...] = graph.graph["cost_keys"]
+    return StepGraph(graph, costs, {k: costs.seconds(k) for k in keys})
+
+
+@functools.lru_cache(maxsize=16)
+def exec_graph(shape: Shape) -> nx.DiGraph:
+    """The frozen graph of one shape; ``graph.graph["cost_keys"]`` lists the keys it prices."""
+    g = nx.DiGraph()
+    orders = stage_orders(shape.schedule, shape.pp, shape.m, shape.v)
+    ends: dict[Node, Ends] = {}
+    for s, order in enumerate(orders):
+        _add_stage_tasks(g, shape, s, order, ends)
+    _add_pipeline_edges(g, shape, ends)
+    for s, order in enumerate(orders):
+        last = ends[(order[-1].phase, s, order[-1].chunk, order[-1].micro)][1]
+        comm = _add_zero3(g, s, order, ends) if shape.zero3[s] else []
+        comm += _add_grad_sync(g, shape, s, order, last)
+        _chain(g, comm)
+        opt = ("O", s)
+        g.add_node(opt, kind="optimizer", stage=s, stream="compute", cost=("optimizer", s))
+        g.add_edges_from(((src, opt) for src in [last, *comm]), dep="data")
+        if shape.param_gather[s]:
+            _add_comm(g, ("A", s), s, "dp", ("param_gather", s))
+            g.add_edge(opt, ("A", s), dep="data")
+    keys = {a["cost"]: None for a in g.nodes.values()}
+    if any("delay" in e for e in g.edges.values()):
+        keys[PP_HOP] = None
+    g.graph["cost_keys"] = tuple(keys)
+    return nx.freeze(g)
 
 
 def _add_stage_tasks(
-    g: nx.DiGraph, costs: StepCosts, s: int, order: Sequence[Slot], ends: dict[Node, Ends]
+    g: nx.DiGraph, shape: Shape, s: int, order: Sequence[Slot], ends: dict[Node, Ends]
 ) -> None:
     """All compute tasks of one stage, chained on its compute stream in schedule order."""
     attrs: dict[tuple[int, str, int], dict[str, Any]] = {}
     nodes: list[tuple[Node, dict[str, Any]]] = []
     for slot in order:
-        n = _pieces(costs, slot)
+        n = shape.pieces if slot.phase == "B" and slot.micro == shape.m - 1 else 1
         key = (slot.chunk, slot.phase, n)
         if key not in attrs:
-            attrs[key] = _task_attrs(costs, s, slot, n)
-        first = (slot.phase, s, slot.chunk, slot.micro, 0)
-        last = (slot.phase, s, slot.chunk, slot.micro, n - 1)
+            cost = ("task", s, slot.chunk, slot.phase, n)
+            attrs[key] = {"kind": "compute", "stage": s, "stream": "compute", "cost": cost}
         nodes += [((slot.phase, s, slot.chunk, slot.micro, k), attrs[key]) for k in range(n)]
-        ends[(slot.phase, s, slot.chunk, slot.micro)] = (first, last)
+        ends[(slot.phase, s, slot.chunk, slot.micro)] = (nodes[-n][0], nodes[-1][0])
     g.add_nodes_from(nodes)
     _chain(g, [node for node, _ in nodes])
 
@@ -133,21 +232,15 @@ def _chain(g: nx.DiGraph, nodes: list[Node]) -> None:
     g.add_edges_from(itertools.pairwise(nodes), dep="stream")
 
 
-def _add_comm(g: nx.DiGraph, node: Node, stage: int, stream: str, duration_s: float) -> None:
-    g.add_node(
-        node,
-        kind="comm",
-        comm=stream.split("-")[0],
-        stage=stage,
-        stream=stream,
-        duration_s=duration_s,
-    )
+def _add_comm(g: nx.DiGraph, node: Node, stage: int, stream: str, cost: CostKey) -> None:
+    comm = stream.split("-")[0]
+    g.add_node(node, kind="comm", comm=comm, stage=stage, stream=stream, cost=cost)
 
 
-def _add_pipeline_edges(g: nx.DiGraph, costs: StepCosts, ends: dict[Node, Ends]) -> None:
-    pp, v, m = costs.pp, costs.v, costs.num_micro_batches
+def _add_pipeline_edges(g: nx.DiGraph, shape: Shape, ends: dict[Node, Ends]) -> None:
+    pp, v, m = shape.pp, shape.v, shape.m
     nv = pp * v
-    hop = {"dep": "data", "comm": "pp", "delay_s": costs.pp_hop_s}
+    hop = {"dep": "data", "comm": "pp", "delay": PP_HOP}
     edges: list[tuple[Node, Node, dict[str, Any]]] = []
     for vs in range(nv):
         s, c = vs % pp, vs // pp
@@ -165,20 +258,17 @@ def _add_pipeline_edges(g: nx.DiGraph, costs: StepCosts, ends: dict[Node, Ends])
     g.add_edges_from(edges)
 
 
-def _add_zero3(
-    g: nx.DiGraph, costs: StepCosts, s: int, order: Sequence[Slot], ends: dict[Node, Ends]
-) -> list[Node]:
+def _add_zero3(g: nx.DiGraph, s: int, order: Sequence[Slot], ends: dict[Node, Ends]) -> list[Node]:
     gathers, scatters = [], []
     for slot in order:
-        c = costs.chunks[s][slot.chunk]
         first, last = ends[(slot.phase, s, slot.chunk, slot.micro)]
         node = ("G", s, slot.phase, slot.chunk, slot.micro)
-        _add_comm(g, node, s, "dp-gather", c.zero3_gather_s)
+        _add_comm(g, node, s, "dp-gather", ("zero3_gather", s, slot.chunk))
         g.add_edge(node, first, dep="data")
         gathers.append(node)
         if slot.phase == "B":
             red = ("R", s, slot.chunk, slot.micro)
-            _add_comm(g, red, s, "dp", c.zero3_scatter_s)
+            _add_comm(g, red, s, "dp", ("zero3_scatter", s, slot.chunk))
             g.add_edge(last, red, dep="data")
             scatters.append(red)
     _chain(g, gathers)
@@ -186,55 +276,20 @@ def _add_zero3(
 
 
 def _add_grad_sync(
-    g: nx.DiGraph,
-    costs: StepCosts,
-    s: int,
-    order: Sequence[Slot],
-    ends: dict[Node, Ends],
-    last: Node,
+    g: nx.DiGraph, shape: Shape, s: int, order: Sequence[Slot], last: Node
 ) -> list[Node]:
     nodes: list[Node] = []
+    n = shape.pieces
     for slot in order:
-        if slot.phase != "B" or slot.micro != costs.num_micro_batches - 1:
+        if slot.phase != "B" or slot.micro != shape.m - 1:
             continue  # every schedule runs micro-batch m-1 last on each chunk
-        c = costs.chunks[s][slot.chunk]
-        n = costs.buckets if costs.overlap_grad_reduce else 1
         for k in range(n):
             node = ("D", s, slot.chunk, k)
-            _add_comm(g, node, s, "dp", c.grad_sync_s / n)
-            src = ("B", s, slot.chunk, slot.micro, k) if costs.overlap_grad_reduce else last
+            _add_comm(g, node, s, "dp", ("grad_sync", s, slot.chunk, n))
+            src = ("B", s, slot.chunk, slot.micro, k) if shape.overlap_grad_reduce else last
             g.add_edge(src, node, dep="data")
             nodes.append(node)
     return nodes
-
-
-def build_exec_graph(costs: StepCosts) -> nx.DiGraph:
-    """One step's task graph (schema in the module docstring)."""
-    g = nx.DiGraph()
-    orders = stage_orders(costs.schedule, costs.pp, costs.num_micro_batches, costs.v)
-    ends: dict[Node, Ends] = {}
-    for s, order in enumerate(orders):
-        _add_stage_tasks(g, costs, s, order, ends)
-    _add_pipeline_edges(g, costs, ends)
-    for s, order in enumerate(orders):
-        last = ends[(order[-1].phase, s, order[-1].chunk, order[-1].micro)][1]
-        comm = _add_zero3(g, costs, s, order, ends) if _zero3(costs, s) else []
-        comm += _add_grad_sync(g, costs, s, order, ends, last)
-        _chain(g, comm)
-        opt = ("O", s)
-        g.add_node(
-            opt,
-            kind="optimizer",
-            stage=s,
-            stream="compute",
-            duration_s=costs.optimizer_s[s],
-        )
-        for src in [last, *comm]:
-            g.add_edge(src, opt, dep="data")
-        if costs.param_gather_s[s] > 0:
-            _add_comm(g, ("A", s), s, "dp", costs.param_gather_s[s])
-            g.add_edge(opt, ("A", s), dep="data")
-    return g
 
 
 def task_label(node: Node) -> str:
@@ -246,7 +301,3 @@ def task_label(node: Node) -> str:
     if kind == "O":
         return "optimizer"
     return "-".join(str(x) for x in node)
-
-
-def _zero3(costs: StepCosts, s: int) -> bool:
-    return any(c.zero3_gather_s > 0 for c in costs.chunks[s])

@@ -89,14 +89,14 @@ def _exposed(t: Timeline) -> dict[str, float]:
     for n in path:
         a = nodes[n]
         if a["kind"] == "compute":
+            parts = t.step.parts(n)
             for k in ("tp", "cp", "ep"):
-                out[k] += a[f"{k}_s"]
+                out[k] += parts[f"{k}_s"]
         elif a["kind"] == "comm":
-            out[a["comm"]] += a["duration_s"]
+            out[a["comm"]] += t.duration_s[n]
     for a, b in itertools.pairwise(path):
-        e = edges[a, b]
-        if "comm" in e:
-            out[e["comm"]] += e["delay_s"]
+        if "comm" in edges[a, b]:
+            out[edges[a, b]["comm"]] += t.step.delay_s(a, b)
     return out
 
 
@@ -106,13 +106,14 @@ def _phases(t: Timeline) -> tuple[float, float, float]:
     fb_end: dict[int, float] = {}
     busy: dict[int, float] = {}
     opt = 0.0
-    for n, a in nodes.items():
+    for n, d in t.duration_s.items():
+        a = nodes[n]
         s = a["stage"]
         if a["kind"] == "compute":
             fb_end[s] = max(fb_end.get(s, 0.0), t.end_s[n])
-            busy[s] = busy.get(s, 0.0) + a["duration_s"]
+            busy[s] = busy.get(s, 0.0) + d
         elif a["kind"] == "optimizer":
-            opt = max(opt, a["duration_s"])
+            opt = max(opt, d)
     span = max(fb_end.values())
     bubble = sum(1.0 - busy[s] / span for s in busy) / len(busy)
     return span, opt, bubble

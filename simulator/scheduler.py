@@ -1,28 +1,73 @@
 """Walk an execution graph: start = latest end of its predecessors; then the critical path.
 
 Stream order is already a set of edges (`execgraph`), so a static training step needs no
-event queue: one pass in topological order gives every task's start and end. An edge's
-``delay_s`` (a pipeline send) separates the end of one task from the start of the next.
+event queue: one pass in topological order gives every task's start and end. An edge's delay
+(a pipeline send) separates the end of one task from the start of the next.
+
+The pass runs on a `Plan`: the frozen graph compiled once into a topological order and
+predecessor index lists (cached per graph, so the layouts of one shape share it); a layout
+only brings its prices. Each start is a max over the predecessors taken in the graph's
+insertion order, so the result does not depend on the order ties are met in, and the same
+inputs give the same times bit for bit.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any
 
 import networkx as nx
 
-Node = tuple[Any, ...]
+from simulator.execgraph import CostKey, Node, StepGraph
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A graph compiled for scheduling."""
+
+    nodes: tuple[Node, ...]  # topological order
+    costs: tuple[CostKey, ...]  # per node
+    preds: tuple[tuple[tuple[int, CostKey | None], ...], ...]  # (index, delay key) per node
+
+
+@functools.lru_cache(maxsize=16)
+def compile_plan(graph: nx.DiGraph) -> Plan:
+    """Topological order (Kahn's algorithm) and predecessor lists of a frozen graph."""
+    preds = graph.pred
+    waiting = {n: len(p) for n, p in preds.items()}
+    ready = [n for n, k in waiting.items() if k == 0]
+    order: list[Node] = []
+    while ready:
+        node = ready.pop()
+        order.append(node)
+        for s in graph.succ[node]:
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                ready.append(s)
+    if len(order) != len(waiting):
+        raise ValueError("execution graph has a cycle: the schedule's order deadlocks")
+    index = {n: i for i, n in enumerate(order)}
+    return Plan(
+        nodes=tuple(order),
+        costs=tuple(graph.nodes[n]["cost"] for n in order),
+        preds=tuple(tuple((index[p], e.get("delay")) for p, e in preds[n].items()) for n in order),
+    )
 
 
 @dataclass(frozen=True)
 class Timeline:
-    """Start and end of every task (seconds from step start) and the graph they came from."""
+    """Start, end and duration of every task (seconds from step start) and their graph."""
 
-    graph: nx.DiGraph
+    step: StepGraph
     start_s: dict[Node, float]
     end_s: dict[Node, float]
+    duration_s: dict[Node, float]
     critical_pred: dict[Node, Node | None]
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        """The (frozen) execution graph."""
+        return self.step.graph
 
     @property
     def makespan_s(self) -> float:
@@ -30,39 +75,32 @@ class Timeline:
         return max(self.end_s.values(), default=0.0)
 
 
-def schedule(graph: nx.DiGraph) -> Timeline:
-    """Earliest start times under the graph's dependencies and the edges' ``delay_s``.
-
-    Kahn's algorithm on the adjacency dicts: each node is timed once all its predecessors are;
-    the times do not depend on the order ties are taken in (a start is a max over predecessors,
-    taken in their insertion order), so the result is the same bit for bit on every run.
-    """
-    start: dict[Node, float] = {}
-    end: dict[Node, float] = {}
-    pred_of: dict[Node, Node | None] = {}
-    # The node and adjacency dicts themselves: the public views wrap every lookup in a new
-    # object, which tripled the cost of this loop.
-    attrs, preds, succs = graph._node, graph._pred, graph._succ
-    waiting = {n: len(p) for n, p in preds.items()}
-    ready = [n for n, k in waiting.items() if k == 0]
-    while ready:
-        node = ready.pop()
-        best: Node | None = None
+def schedule(step: StepGraph) -> Timeline:
+    """Earliest start times under the graph's dependencies and the edges' delays."""
+    plan = compile_plan(step.graph)
+    price = step.seconds
+    dur = [price[k] for k in plan.costs]
+    start = [0.0] * len(dur)
+    end = [0.0] * len(dur)
+    crit: list[int] = [-1] * len(dur)
+    for i, preds in enumerate(plan.preds):
+        best = -1
         t = 0.0
-        for p, edge in preds[node].items():
-            e = end[p] + edge.get("delay_s", 0.0)
-            if best is None or e > t:
+        for p, delay in preds:
+            e = end[p] + (0.0 if delay is None else price[delay])
+            if best < 0 or e > t:
                 t, best = e, p
-        start[node] = t
-        end[node] = t + attrs[node]["duration_s"]
-        pred_of[node] = best
-        for s in succs[node]:
-            waiting[s] -= 1
-            if waiting[s] == 0:
-                ready.append(s)
-    if len(end) != len(waiting):
-        raise ValueError("execution graph has a cycle: the schedule's order deadlocks")
-    return Timeline(graph, start, end, pred_of)
+        start[i] = t
+        end[i] = t + dur[i]
+        crit[i] = best
+    nodes = plan.nodes
+    return Timeline(
+        step,
+        dict(zip(nodes, start, strict=True)),
+        dict(zip(nodes, end, strict=True)),
+        dict(zip(nodes, dur, strict=True)),
+        {n: None if c < 0 else nodes[c] for n, c in zip(nodes, crit, strict=True)},
+    )
 
 
 def critical_path(timeline: Timeline) -> list[Node]:

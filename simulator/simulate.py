@@ -54,7 +54,8 @@ def peak_memory(inputs: SimInputs, layout: Layout) -> MemoryBreakdown:
 
 @contextmanager
 def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC: the graph's many small dicts hold no cycles worth a rescan."""
+    """Pause the cyclic GC while a graph is built: its many small dicts hold no cycles worth
+    a rescan."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -64,14 +65,8 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def simulate_timeline(
-    inputs: SimInputs, run: RunConfig, table: LatencyTable
-) -> tuple[StepResult, Timeline]:
-    """Simulate one layout; also return the timeline (for traces)."""
-    layout = layout_of(inputs, run)
-    with _gc_paused():
-        timeline = schedule(build_exec_graph(step_costs(inputs, layout, table)))
-    info = StepInfo(
+def _step_info(inputs: SimInputs, layout: Layout) -> StepInfo:
+    return StepInfo(
         model=inputs.model,
         layout=layout,
         seq_len=inputs.seq_len,
@@ -80,7 +75,16 @@ def simulate_timeline(
         peak_flops_per_s=inputs.gpu.peak_for(inputs.dtype),
         memory=peak_memory(inputs, layout),
     )
-    return summarize(timeline, info), timeline
+
+
+def simulate_timeline(
+    inputs: SimInputs, run: RunConfig, table: LatencyTable
+) -> tuple[StepResult, Timeline]:
+    """Simulate one layout; also return the timeline (for traces)."""
+    layout = layout_of(inputs, run)
+    with _gc_paused():
+        timeline = schedule(build_exec_graph(step_costs(inputs, layout, table)))
+        return summarize(timeline, _step_info(inputs, layout)), timeline
 
 
 def simulate(inputs: SimInputs, run: RunConfig, table: LatencyTable) -> StepResult:

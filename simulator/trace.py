@@ -21,11 +21,14 @@ def chrome_trace(timeline: Timeline) -> dict[str, Any]:
     """The trace as a JSON-ready dict."""
     events: list[dict[str, Any]] = []
     stages = set()
+    step = timeline.step
     for node, a in timeline.graph.nodes.items():
         stages.add(a["stage"])
-        if a["duration_s"] <= 0:
+        duration = timeline.duration_s[node]
+        if duration <= 0:
             continue
-        args = {k: a[k] for k in ("tp_s", "cp_s", "ep_s") if k in a and a[k] > 0}
+        parts = step.parts(node) if a["kind"] == "compute" else {}
+        args = {k: parts[k] for k in ("tp_s", "cp_s", "ep_s") if k in parts and parts[k] > 0}
         events.append(
             {
                 "name": task_label(node),
@@ -34,23 +37,22 @@ def chrome_trace(timeline: Timeline) -> dict[str, Any]:
                 "pid": a["stage"],
                 "tid": STREAM_TIDS.get(a["stream"], 9),
                 "ts": timeline.start_s[node] * 1e6,
-                "dur": a["duration_s"] * 1e6,
+                "dur": duration * 1e6,
                 "args": args,
             }
         )
-    for (src, _dst), e in timeline.graph.edges.items():
-        if e.get("delay_s", 0.0) > 0:
-            a = timeline.graph.nodes[src]
-            t = timeline.end_s[src]
+    for (src, dst), e in timeline.graph.edges.items():
+        delay = step.delay_s(src, dst) if "comm" in e else 0.0
+        if delay > 0:
             events.append(
                 {
                     "name": f"send {task_label(src)}",
                     "cat": e["comm"],
                     "ph": "X",
-                    "pid": a["stage"],
+                    "pid": timeline.graph.nodes[src]["stage"],
                     "tid": STREAM_TIDS[e["comm"]],
-                    "ts": t * 1e6,
-                    "dur": e["delay_s"] * 1e6,
+                    "ts": timeline.end_s[src] * 1e6,
+                    "dur": delay * 1e6,
                     "args": {},
                 }
             )

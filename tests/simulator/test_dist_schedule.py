@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
+import networkx as nx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -68,9 +69,9 @@ def test_step_is_critical_path(pp: int, m: int, hop: float, name: str) -> None:
     g = build_exec_graph(_uniform(pp, m, 1, name, hop))
     t = schedule(g)
     path = critical_path(t)
-    durations = [g.nodes[n]["duration_s"] for n in g.nodes]
-    sends = sum(g.edges[a, b].get("delay_s", 0.0) for a, b in itertools.pairwise(path))
-    assert sum(g.nodes[n]["duration_s"] for n in path) + sends == pytest.approx(t.makespan_s)
+    durations = [g.duration_s(n) for n in g.graph.nodes]
+    sends = sum(g.delay_s(a, b) for a, b in itertools.pairwise(path))
+    assert sum(g.duration_s(n) for n in path) + sends == pytest.approx(t.makespan_s)
     assert max(durations) <= t.makespan_s + 1e-12
     assert t.makespan_s <= sum(durations) + 2 * (pp - 1) * m * hop + 1e-12
 
@@ -84,3 +85,17 @@ def test_grad_buckets_overlap_backward() -> None:
     )
     assert late.makespan_s == pytest.approx(15.0 + 1.0)
     assert early.makespan_s == pytest.approx(15.0 + 0.25)
+
+
+def test_layouts_of_one_shape_share_the_frozen_graph() -> None:
+    a = _uniform(4, 8, 1, "1f1b")
+    b = replace(a, chunks=tuple(tuple(ChunkCost(2.0, 4.0) for _ in r) for r in a.chunks))
+    ga, gb = build_exec_graph(a), build_exec_graph(b)
+    assert ga.graph is gb.graph
+    assert nx.is_frozen(ga.graph)
+    # Same structure, twice the task times: the step doubles.
+    ta, tb = schedule(ga), schedule(gb)
+    assert ta.makespan_s == pytest.approx(3.0 * (8 + 4 - 1))
+    assert tb.makespan_s == pytest.approx(2 * ta.makespan_s)
+    assert ga.duration_s(("F", 0, 0, 0, 0)) == 1.0
+    assert gb.duration_s(("F", 0, 0, 0, 0)) == 2.0
