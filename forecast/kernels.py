@@ -8,7 +8,10 @@ without renaming:
 * ``linear``: dims ``(B, M, N, K)``: input ``(B*M, N)``, ``nn.Linear(N, K, bias=True)``,
   output ``(B*M, K)``; ``N`` is the reduction dimension. The data always has ``B = 1``.
 * ``attention``: dims ``(BH, S_q, S_kv, D)``: batch x heads, query and key/value sequence
-  lengths, head dim; a non-causal flash-attention forward (Q, K, V, O in HBM, no S matrix).
+  lengths, head dim; non-causal flash attention (no S matrix in HBM). Op ``attention`` is the
+  forward (Q, K, V read, O written; ``4 BH S_q S_kv D`` FLOPs), op ``attention_bwd`` the
+  backward (Q, K, V, O, dO read, dQ, dK, dV written, plus an fp32 dQ accumulator;
+  ``2.5x`` the forward FLOPs: five matmuls to the forward's two, flash-attention's convention).
 * ``elementwise``, ``softmax``, ``layernorm``, ``memory``: dims ``(B, H)``, a tensor of
   ``B`` rows of ``H`` elements; softmax and layer norm normalise over ``H``.
 
@@ -89,7 +92,7 @@ FAMILY_OPS: dict[OpFamily, tuple[str, ...]] = {
     OpFamily.SOFTMAX: ("softmax",),
     OpFamily.LAYERNORM: ("layernorm",),
     OpFamily.MEMORY: tuple(MEMORY_OPS),
-    OpFamily.ATTENTION: ("attention",),
+    OpFamily.ATTENTION: ("attention", "attention_bwd"),
 }
 
 # FLOPs per element of the row families other than element-wise.
@@ -167,7 +170,8 @@ class KernelSpec:
             return float(2 * B * M * N * K + bias)
         if self.family is OpFamily.ATTENTION:
             bh, s_q, s_kv, d = self.dims
-            return float(4 * bh * s_q * s_kv * d)  # Q K^T and P V, 2 FLOPs per FMA
+            matmuls = 5 if self.op == "attention_bwd" else 2  # bwd: S, dP, dV, dK, dQ
+            return float(2 * matmuls * bh * s_q * s_kv * d)  # 2 FLOPs per FMA
         B, H = self.dims
         if self.family is OpFamily.ELEMENTWISE:
             per_elem = ELEMENTWISE_OPS[self.op][1]
@@ -186,6 +190,8 @@ class KernelSpec:
             return float(s * (B * M * N + N * K + K + B * M * K))
         if self.family is OpFamily.ATTENTION:
             bh, s_q, s_kv, d = self.dims
+            if self.op == "attention_bwd":  # Q, O, dO, dQ; K, V, dK, dV; fp32 dQ zero/add/read
+                return float(s * bh * d * (4 * s_q + 4 * s_kv) + 3 * 4 * bh * s_q * d)
             return float(s * bh * d * (2 * s_q + 2 * s_kv))  # read Q, K, V; write O
         B, H = self.dims
         if self.family is OpFamily.ELEMENTWISE:

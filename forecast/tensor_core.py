@@ -16,11 +16,10 @@ GEMM (bmm, linear) in tf32/fp16/bf16/fp8, the way CUTLASS/cuBLAS kernels run the
 * compute and DRAM time combine as a p-norm (``overlap_exponent``; p -> inf is max);
   fp8 GEMMs write bf16 outputs.
 
-Attention (flash-attention 2 forward, non-causal): per CTA of 128 query rows, every element
-of S costs ``4 D`` tensor-core FLOPs (QK^T, PV) plus one exp on the special-function
-units (16 per SM per clock) and about 5 FP32 ops; softmax work overlaps partly with the
-MMAs (``fa_softmax_weight``). FA2 uses ``mma.sync``, which reaches about 2/3 of the tensor
-peak on Hopper (FlashAttention-3 paper, section 1).
+Attention (flash-attention 2, forward op ``attention`` and backward op ``attention_bwd``,
+non-causal, fp16/bf16): `forecast.flash_attention`, FA2's own tiles on the tensor, shared-memory
+and special-function/FP32 pipes of an SM; FA2 uses ``mma.sync``, about 2/3 of the tensor peak
+on Hopper.
 
 The fitted constants live in ``data/tensor_core.toml``, written by `calibrate` from
 measurements only (``shared/data/hardware/microbenchmarks.json``; H100 records are never
@@ -36,6 +35,13 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from forecast.flash_attention import (
+    MMA_SYNC_FRACTION_HOPPER,
+    Overlap,
+    SMRates,
+    attention_kernel_s,
+    kernel_head_dim,
+)
 from forecast.gpus import GPUSpec
 from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, OpFamily
 
@@ -46,10 +52,10 @@ ATTENTION_DTYPES = frozenset({Dtype.FP16, Dtype.BF16})
 TILES = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
 SPLITS = (1, 2, 4)
 FP8_PROMOTION_ELEMS = 128  # CUTLASS sm90 FP8 mma_promotion_interval (4 MMAs of k=32)
-MUFU_PER_CLK_PER_SM = 16.0  # CUDA programming guide, throughput table (cc 8.x, 9.0)
-SOFTMAX_FP32_OPS = 5.0  # scale-and-subtract FFMA, max, sum, rescale, convert
-FA_BLOCK_M = 128
 SPLIT_ACC_BYTES = 4  # split-K partials are fp32
+# Dense fp16/bf16 tensor FLOPs per clock per SM: A100 whitepaper (1024 FMA/clk/SM); H100
+# whitepaper (2x A100 per SM, clock for clock). Unknown architectures use the boost clock.
+MMA_FLOPS_PER_CLK_PER_SM = {"8.0": 2048.0, "9.0": 4096.0}
 
 
 class TensorCoreError(ValueError):
@@ -66,7 +72,7 @@ class TCParams:
     small_tile_penalty: float = 0.1
     overlap_exponent: float = 2.0
     hbm_efficiency: float = 0.85
-    fa_softmax_weight: float = 0.5
+    fa_efficiency: float = 1.0  # flash attention: achieved / modelled pipe throughput
     fp8_promotion_overlap: float = 0.0  # prior: promotion FADDs not hidden behind MMAs
     calibrated_on: str = "defaults"
 
@@ -158,20 +164,33 @@ def gemm_latency_s(shape: GemmShape, gpu: GPUSpec, params: TCParams) -> F64:
     return np.asarray(params.launch_s + best, dtype=np.float64)
 
 
+def tensor_clock_hz(gpu: GPUSpec, dtype: Dtype) -> float:
+    """Clock at which the catalog's tensor peak is quoted (boost clock if the width is unknown)."""
+    width = MMA_FLOPS_PER_CLK_PER_SM.get(gpu.compute_capability)
+    return gpu.peak_for(dtype) / (gpu.num_sms * width) if width else gpu.boost_clock_hz
+
+
+def sm_rates(gpu: GPUSpec, dtype: Dtype, params: TCParams) -> SMRates:
+    """Per-SM pipe rates that flash attention (mma.sync) reaches on this GPU."""
+    clock_hz = tensor_clock_hz(gpu, dtype)
+    frac = MMA_SYNC_FRACTION_HOPPER if _is_hopper_or_later(gpu) else 1.0
+    return SMRates(
+        clock_hz=clock_hz,
+        mma_flops_per_clk=gpu.peak_for(dtype) * params.level * frac / (gpu.num_sms * clock_hz),
+        fp32_lanes=float(gpu.fp32_lanes_per_sm),
+        num_sms=gpu.num_sms,
+        smem_bytes_per_sm=gpu.smem_bytes_per_sm or 0.0,
+        hbm_bytes_per_s=gpu.hbm_bw_bytes_per_s * params.hbm_efficiency,
+    )
+
+
 def attention_latency_s(kernels: list[KernelSpec], gpu: GPUSpec, params: TCParams) -> F64:
-    """Seconds of flash-attention-2 forwards (dims BH, S_q, S_kv, D)."""
-    d = np.array([k.dims for k in kernels], dtype=np.float64)
-    bh, s_q, s_kv, head = d[:, 0], d[:, 1], d[:, 2], d[:, 3]
-    mma_frac = 2.0 / 3.0 if _is_hopper_or_later(gpu) else 1.0  # mma.sync on Hopper
-    rate = np.array([sm_flops_per_clk(gpu, k.dtype, params) for k in kernels]) * mma_frac
-    softmax_clk = 1.0 / MUFU_PER_CLK_PER_SM + SOFTMAX_FP32_OPS / gpu.fp32_lanes_per_sm
-    clk_per_elem = 4.0 * head / rate + params.fa_softmax_weight * softmax_clk
-    waves = np.ceil(bh * np.ceil(s_q / FA_BLOCK_M) / gpu.num_sms)
-    cta_cycles = FA_BLOCK_M * s_kv * clk_per_elem + params.tile_overhead_cycles
-    compute_s = waves * cta_cycles / gpu.boost_clock_hz
-    nbytes = np.array([k.bytes() for k in kernels], dtype=np.float64)
-    memory_s = nbytes / (gpu.hbm_bw_bytes_per_s * params.hbm_efficiency)
-    return np.asarray(params.launch_s + _combine_s(compute_s, memory_s, params), np.float64)
+    """Seconds of flash-attention-2 kernels (dims BH, S_q, S_kv, D; forward or backward)."""
+    overlap = Overlap(params.overlap_exponent, params.fa_efficiency, params.launch_s)
+    return np.array(
+        [attention_kernel_s(k, sm_rates(gpu, k.dtype, params), overlap) for k in kernels],
+        dtype=np.float64,
+    )
 
 
 class TensorCoreModel:
@@ -201,6 +220,10 @@ def _check(k: KernelSpec, gpu: GPUSpec) -> None:
     if k.family is OpFamily.ATTENTION:
         if k.dtype not in ATTENTION_DTYPES:
             raise TensorCoreError(f"attention is modelled in fp16/bf16, not {k.dtype.value}")
+        try:
+            kernel_head_dim(k.dims[3])
+        except ValueError as e:
+            raise TensorCoreError(str(e)) from e
     elif k.family not in GEMM_FAMILIES:
         raise TensorCoreError(f"{k.family.value} does not run on tensor cores; route it elsewhere")
     elif k.dtype not in TENSOR_DTYPES:

@@ -83,6 +83,7 @@ def test_committed_constants_are_the_calibration_output() -> None:
     assert committed.calibrated_on == fresh.calibrated_on == A100
     assert committed.level == pytest.approx(fresh.level)
     assert committed.launch_s == pytest.approx(fresh.launch_s)
+    assert committed.fa_efficiency == pytest.approx(fresh.fa_efficiency)
 
 
 def test_router_sends_each_dtype_to_its_model(tiny_gpu: GPUSpec) -> None:

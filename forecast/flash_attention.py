@@ -1,0 +1,157 @@
+"""Flash-attention-2 latency: the sm80 kernels (``mma.sync``, no wgmma/TMA) on any GPU.
+
+The kernels and their tiles are those of Dao-AILab/flash-attention 2.x
+(``csrc/flash_attn/src``: ``flash_fwd_launch_template.h``, ``flash_bwd_launch_template.h``,
+``kernel_traits.h``, ``flash_bwd_kernel.h``). Per element of ``S = Q K^T`` an SM spends, on
+four pipes that run concurrently:
+
+* **tensor**: ``4 D`` FLOPs forward (``Q K^T``, ``P V``), ``10 D`` backward (``S``, ``dP``,
+  ``dV``, ``dK``, ``dQ``), at the catalog peak x the GEMM-calibrated ``level``; ``mma.sync``
+  reaches about 2/3 of Hopper's peak (FlashAttention-3 paper, sec. 1-2);
+* **shared memory**: 32 banks x 4 bytes = 128 bytes per clock per SM (CUDA programming guide,
+  compute capability 5.x and later). Each warp loads (``ldmatrix``) both MMA operands of its
+  warp tile: forward, its query rows and all of the K and V tiles; backward, the operands of
+  all five matmuls with the backward's smaller warp tiles. Add the ``cp.async`` writes of the
+  tiles and, backward, the writes of ``P`` and ``dS``;
+* **special functions + FP32**: 16 exp2 per clock per SM (CUDA programming guide, throughput
+  table, cc 8.x/9.0) and the FP32 lanes: forward, one exp2, the scale-and-subtract FFMA, row
+  max, row sum, half a conversion to 16 bits and the ``O`` rescale (``D / Bc``); backward,
+  one exp2 and four FP32 ops (FFMA with the log-sum-exp, ``dS = P (dP - rowsum(dO O))``, two
+  half conversions).
+
+The pipes combine as a p-norm with the GEMM-calibrated ``overlap_exponent`` and the result is
+divided by ``fa_efficiency``, the one attention constant fitted (on A100 measurements). Every
+pipe runs at the tensor clock, ``peak / (SMs x MMA FLOPs per clock per SM)`` where that width
+is documented (A100 2048, H100/H200 4096, so 1.83 GHz: the FlashAttention-3 paper's "3.9
+TFLOPS of special functions" on H100 SXM is 132 x 16 x 1.83 GHz); else the boost clock. A CTA
+sweeps all of ``S_kv`` (forward, ``Br`` query rows) or all of ``S_q`` (backward, ``Bc`` key
+rows); resident CTAs share their SM, so the busiest SM runs ``ceil(CTAs / SMs)`` tiles. DRAM
+time (``KernelSpec.bytes``) overlaps compute like a GEMM's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from forecast.kernels import KernelSpec
+
+SMEM_BYTES_PER_CLK_PER_SM = 128.0  # 32 banks x 32 bits per clock (CUDA guide, cc >= 5.x)
+MUFU_PER_CLK_PER_SM = 16.0  # exp2 throughput (CUDA guide, arithmetic instructions, cc 8.x, 9.0)
+MMA_SYNC_FRACTION_HOPPER = 2.0 / 3.0  # mma.sync vs wgmma peak on H100 (FlashAttention-3 paper)
+MAX_HEAD_DIM = 256
+# Forward tiles by head dim: (Br query rows, Bc key rows, warps); one warp per Br / warps rows.
+FWD_TILES: dict[int, tuple[int, int, int]] = {
+    32: (128, 128, 4),
+    64: (128, 128, 4),
+    96: (128, 64, 4),
+    128: (128, 64, 4),
+    192: (128, 64, 8),
+    256: (128, 64, 8),  # GPUs with >= 192 KiB shared memory per SM run 64 x 64, 4 warps
+}
+# Backward tiles (GPUs with >= 144 KiB shared memory per block: A100, H100/H200):
+# (Br, Bc, warps, warps along M of the S/dP, dK/dV and dQ matmuls).
+BWD_TILES: dict[int, tuple[int, int, int, int, int, int]] = {
+    32: (128, 128, 8, 4, 4, 4),
+    64: (128, 128, 8, 4, 4, 4),
+    96: (64, 128, 8, 2, 4, 4),
+    128: (64, 128, 8, 2, 4, 2),
+    192: (64, 64, 8, 4, 2, 2),
+    256: (64, 64, 8, 4, 2, 2),
+}
+BIG_SMEM_BYTES_PER_SM = 196_608  # flash-attention's hdim-256 forward switch (4 x 256 x 192)
+
+
+@dataclass(frozen=True)
+class SMRates:
+    """One GPU's per-SM throughputs per clock, the clock, and what the whole GPU adds."""
+
+    clock_hz: float
+    mma_flops_per_clk: float  # achieved: catalog peak x level (x mma.sync fraction on Hopper)
+    fp32_lanes: float
+    num_sms: int
+    smem_bytes_per_sm: float  # capacity, chooses the hdim-256 forward tile
+    hbm_bytes_per_s: float  # achieved DRAM bandwidth
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """How pipes and DRAM overlap (p-norm exponent) and the calibrated attention efficiency."""
+
+    exponent: float
+    efficiency: float
+    launch_s: float
+
+
+@dataclass(frozen=True)
+class PipeCounts:
+    """Work per element of S on each pipe, and the tile one CTA owns."""
+
+    flops: float
+    smem_bytes: float
+    mufu_ops: float
+    fp32_ops: float
+    tile_rows: int  # Br forward (query rows), Bc backward (key rows)
+    tile_cols: int  # the other block size, for padding the swept length
+
+
+def kernel_head_dim(head_dim: int) -> int:
+    """The head dim flash-attention compiles for ``head_dim`` (the next one up)."""
+    for d in sorted(FWD_TILES):
+        if head_dim <= d:
+            return d
+    raise ValueError(f"flash-attention 2 supports head dims up to {MAX_HEAD_DIM}, not {head_dim}")
+
+
+def forward_counts(head_dim: int, rates: SMRates) -> PipeCounts:
+    """Forward pipe work per S element (FA2 ``flash_fwd_kernel``, Q reloaded per K tile)."""
+    d = kernel_head_dim(head_dim)
+    br, bc, warps = FWD_TILES[d]
+    if d == MAX_HEAD_DIM and rates.smem_bytes_per_sm >= BIG_SMEM_BYTES_PER_SM:
+        br, bc, warps = 64, 64, 4
+    ldmatrix = 2.0 * d * (br + 2 * warps * bc)  # each warp: its Q rows, all of K and V
+    cp_async = 2.0 * 2 * bc * d  # K and V tiles into shared memory
+    smem = (ldmatrix + cp_async) / (br * bc)
+    return PipeCounts(4.0 * d, smem, 1.0 + 1.0 / bc, 3.5 + d / bc, br, bc)
+
+
+def backward_counts(head_dim: int) -> PipeCounts:
+    """Backward pipe work per S element (FA2 ``compute_dq_dk_dv_1colblock``, seq-parallel)."""
+    d = kernel_head_dim(head_dim)
+    br, bc, warps, m_sdp, m_dkv, m_dq = BWD_TILES[d]
+    s_dp = 2 * warps * 2.0 * d * (br / m_sdp + bc * m_sdp / warps)  # S = Q K^T, dP = dO V^T
+    dk_dv = 2 * warps * 2.0 * br * (bc / m_dkv + d * m_dkv / warps)  # dV = P^T dO, dK = dS^T Q
+    d_q = warps * 2.0 * bc * (br / m_dq + d * m_dq / warps)  # dQ = dS K
+    writes = 2.0 * 2 * br * bc + 2.0 * 2 * br * d  # P, dS; Q, dO by cp.async
+    smem = (s_dp + dk_dv + d_q + writes) / (br * bc)
+    return PipeCounts(10.0 * d, smem, 1.0, 4.0, bc, br)
+
+
+def _pnorm(values: tuple[float, ...], exponent: float) -> float:
+    return float(sum(v**exponent for v in values) ** (1.0 / exponent))
+
+
+def cycles_per_element(counts: PipeCounts, rates: SMRates, overlap: Overlap) -> float:
+    """SM clocks per S element: the pipes' times combined, over the attention efficiency."""
+    pipes = (
+        counts.flops / rates.mma_flops_per_clk,
+        counts.smem_bytes / SMEM_BYTES_PER_CLK_PER_SM,
+        counts.mufu_ops / MUFU_PER_CLK_PER_SM + counts.fp32_ops / rates.fp32_lanes,
+    )
+    return _pnorm(pipes, overlap.exponent) / overlap.efficiency
+
+
+def attention_kernel_s(kernel: KernelSpec, rates: SMRates, overlap: Overlap) -> float:
+    """Seconds of one flash-attention-2 kernel (op ``attention`` or ``attention_bwd``)."""
+    bh, s_q, s_kv, head_dim = kernel.dims
+    backward = kernel.op == "attention_bwd"
+    if backward:  # one CTA per Bc key rows sweeps all queries; + dO.O and dQ-convert kernels
+        counts, tiled, swept, launches = backward_counts(head_dim), s_kv, s_q, 3
+    else:
+        counts, tiled, swept, launches = forward_counts(head_dim, rates), s_q, s_kv, 1
+    ctas = bh * math.ceil(tiled / counts.tile_rows)
+    swept_padded = math.ceil(swept / counts.tile_cols) * counts.tile_cols
+    tile_clk = counts.tile_rows * swept_padded * cycles_per_element(counts, rates, overlap)
+    compute_s = math.ceil(ctas / rates.num_sms) * tile_clk / rates.clock_hz
+    memory_s = kernel.bytes() / rates.hbm_bytes_per_s
+    return launches * overlap.launch_s + _pnorm((compute_s, memory_s), overlap.exponent)
