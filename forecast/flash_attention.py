@@ -6,8 +6,11 @@ The kernels and their tiles are those of Dao-AILab/flash-attention 2.x
 four pipes that run concurrently:
 
 * **tensor**: ``4 D`` FLOPs forward (``Q K^T``, ``P V``), ``10 D`` backward (``S``, ``dP``,
-  ``dV``, ``dK``, ``dQ``), at the catalog peak x the GEMM-calibrated ``level``; ``mma.sync``
-  reaches about 2/3 of Hopper's peak (FlashAttention-3 paper, sec. 1-2);
+  ``dV``, ``dK``, ``dQ``), at the catalog peak x the GEMM-calibrated ``level``. FA2 issues
+  ``mma.sync``, not Hopper's wgmma, and is said to reach well under Hopper's peak with it, but
+  the only figure for how far under is an H100 measurement (FlashAttention-3 paper), which
+  this project does not use (H100 is its blind held-out GPU); so no Hopper discount is applied
+  and the held-out H200 figure shows the cost (+25%, README);
 * **shared memory**: 32 banks x 4 bytes = 128 bytes per clock per SM (CUDA programming guide,
   compute capability 5.x and later). Each warp loads (``ldmatrix``) both MMA operands of its
   warp tile: forward, its query rows and all of the K and V tiles; backward, the operands of
@@ -38,7 +41,6 @@ from forecast.kernels import KernelSpec
 
 SMEM_BYTES_PER_CLK_PER_SM = 128.0  # 32 banks x 32 bits per clock (CUDA guide, cc >= 5.x)
 MUFU_PER_CLK_PER_SM = 16.0  # exp2 throughput (CUDA guide, arithmetic instructions, cc 8.x, 9.0)
-MMA_SYNC_FRACTION_HOPPER = 2.0 / 3.0  # mma.sync vs wgmma peak on H100 (FlashAttention-3 paper)
 MAX_HEAD_DIM = 256
 # Forward tiles by head dim: (Br query rows, Bc key rows, warps); one warp per Br / warps rows.
 FWD_TILES: dict[int, tuple[int, int, int]] = {
@@ -67,7 +69,7 @@ class SMRates:
     """One GPU's per-SM throughputs per clock, the clock, and what the whole GPU adds."""
 
     clock_hz: float
-    mma_flops_per_clk: float  # achieved: catalog peak x level (x mma.sync fraction on Hopper)
+    mma_flops_per_clk: float  # achieved: catalog peak x level
     fp32_lanes: float
     num_sms: int
     smem_bytes_per_sm: float  # capacity, chooses the hdim-256 forward tile

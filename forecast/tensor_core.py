@@ -18,8 +18,7 @@ GEMM (bmm, linear) in tf32/fp16/bf16/fp8, the way CUTLASS/cuBLAS kernels run the
 
 Attention (flash-attention 2, forward op ``attention`` and backward op ``attention_bwd``,
 non-causal, fp16/bf16): `forecast.flash_attention`, FA2's own tiles on the tensor, shared-memory
-and special-function/FP32 pipes of an SM; FA2 uses ``mma.sync``, about 2/3 of the tensor peak
-on Hopper.
+and special-function/FP32 pipes of an SM (no Hopper discount for ``mma.sync``: see that module).
 
 The fitted constants live in ``data/tensor_core.toml``, written by `calibrate` from
 measurements only (``shared/data/hardware/microbenchmarks.json``; H100 records are never
@@ -36,7 +35,6 @@ import numpy as np
 import numpy.typing as npt
 
 from forecast.flash_attention import (
-    MMA_SYNC_FRACTION_HOPPER,
     Overlap,
     SMRates,
     attention_kernel_s,
@@ -173,10 +171,9 @@ def tensor_clock_hz(gpu: GPUSpec, dtype: Dtype) -> float:
 def sm_rates(gpu: GPUSpec, dtype: Dtype, params: TCParams) -> SMRates:
     """Per-SM pipe rates that flash attention (mma.sync) reaches on this GPU."""
     clock_hz = tensor_clock_hz(gpu, dtype)
-    frac = MMA_SYNC_FRACTION_HOPPER if _is_hopper_or_later(gpu) else 1.0
     return SMRates(
         clock_hz=clock_hz,
-        mma_flops_per_clk=gpu.peak_for(dtype) * params.level * frac / (gpu.num_sms * clock_hz),
+        mma_flops_per_clk=gpu.peak_for(dtype) * params.level / (gpu.num_sms * clock_hz),
         fp32_lanes=float(gpu.fp32_lanes_per_sm),
         num_sms=gpu.num_sms,
         smem_bytes_per_sm=gpu.smem_bytes_per_sm or 0.0,
