@@ -102,7 +102,7 @@ def _exposed(t: Timeline) -> dict[str, float]:
 
 def _phases(t: Timeline) -> tuple[float, float, float]:
     """(forward-backward end, optimizer time, mean idle fraction of compute streams)."""
-    nodes = t.graph.nodes
+    nodes = t.graph._node  # the dict itself: a view costs a new object per lookup
     fb_end: dict[int, float] = {}
     busy: dict[int, float] = {}
     opt = 0.0

@@ -33,14 +33,16 @@ class Plan:
 @functools.lru_cache(maxsize=16)
 def compile_plan(graph: nx.DiGraph) -> Plan:
     """Topological order (Kahn's algorithm) and predecessor lists of a frozen graph."""
-    preds = graph.pred
+    # The node and adjacency dicts themselves: the public views wrap every lookup in a new
+    # object, which tripled the cost of this loop.
+    attrs, preds, succs = graph._node, graph._pred, graph._succ
     waiting = {n: len(p) for n, p in preds.items()}
     ready = [n for n, k in waiting.items() if k == 0]
     order: list[Node] = []
     while ready:
         node = ready.pop()
         order.append(node)
-        for s in graph.succ[node]:
+        for s in succs[node]:
             waiting[s] -= 1
             if waiting[s] == 0:
                 ready.append(s)
@@ -49,7 +51,7 @@ def compile_plan(graph: nx.DiGraph) -> Plan:
     index = {n: i for i, n in enumerate(order)}
     return Plan(
         nodes=tuple(order),
-        costs=tuple(graph.nodes[n]["cost"] for n in order),
+        costs=tuple(attrs[n]["cost"] for n in order),
         preds=tuple(tuple((index[p], e.get("delay")) for p, e in preds[n].items()) for n in order),
     )
 
