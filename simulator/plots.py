@@ -14,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from simulator.report import best_per_context, layout_label, rank
+from simulator.report import RANKING_NAMES, best_per_context, layout_label, rank
 from simulator.rows import Row
 
 PARTS = ("compute", "bubble", "tp", "cp", "ep", "pp", "dp", "optimizer")
@@ -42,7 +42,7 @@ def plot_top_layouts(rows: Sequence[Row], path: Path, *, by: str = "tokens", k: 
             ax.barh(labels, widths, left=left, color=color, label=part)
             left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.set_xlabel("step time, s (exposed communication and bubble on the critical path)")
-    ax.set_title(f"Top {len(top)} layouts by {by} (best at the top)")
+    ax.set_title(f"Top {len(top)} layouts by {RANKING_NAMES[by]} (best at the top)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=8, ncol=8)
     ax.tick_params(axis="y", labelsize=7)
     return _save(fig, path)
@@ -135,7 +135,7 @@ def plot_procurement(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> 
         ax.set_xlim(0, max(values) * 1.2 if values else 1)
         if i:
             ax.set_yticks([])
-    fig.suptitle(f"Cluster options: best layout of each (ranked by {by})")
+    fig.suptitle(f"Cluster options: best layout of each (ranked by {RANKING_NAMES[by]})")
     return _save(fig, path)
 
 

@@ -20,6 +20,8 @@ RANKINGS: dict[str, tuple[str, bool]] = {
     "time": ("time_to_train_s", False),
     "cost": ("cost_usd", False),
 }
+# ranking id -> what a reader is told the ranking is by
+RANKING_NAMES = {"tokens": "tokens/s", "time": "time to train", "cost": "cost"}
 
 
 def rank(rows: Sequence[Row], by: str = "tokens") -> list[Row]:
