@@ -58,11 +58,16 @@ def sizes(m: ModelSpec, run: Workload) -> Sizes:
 def attention_core(z: Sizes, *, mask_op: str) -> list[FrameworkOp]:
     """QK^T, scale, mask, softmax, dropout, AV and the head-merge copy."""
     bh = z.B * z.nh
-    mask = (
-        r.memory("mask", "masked_fill", z.scores, z.dt, bw_op="masked_fill")
-        if mask_op == "where"
-        else r.elementwise("mask", "add", z.scores, z.dt)
-    )
+    masks = {
+        # causal mask by torch.where over the scores
+        "where": lambda: r.memory("mask", "masked_fill", z.scores, z.dt, bw_op="masked_fill"),
+        # a full-size additive bias (T5/Switch position bias)
+        "add": lambda: r.elementwise("mask", "add", z.scores, z.dt),
+        # a [B, 1, 1, S] padding mask broadcast over heads and rows: one full-size read,
+        # timed like the scalar form in the traces (BERT)
+        "add_row": lambda: r.elementwise("mask", "addu", z.scores, z.dt),
+    }
+    mask = masks[mask_op]()
     return [
         r.bmm("qk", (bh, z.S, z.d, z.S), z.dt),
         r.elementwise("scale", "divu", z.scores, z.dt),
@@ -118,11 +123,14 @@ def gpt2(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
 
 
 def bert(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
-    """BertForPreTraining: separate q/k/v projections, additive mask, post-norm."""
+    """BERT as traced: separate q/k/v projections, additive mask, post-norm; the heads of
+    BertForSequenceClassification for inference and BertForPreTraining for training (the
+    traces' last rows: a 2-way classifier, or the vocabulary decoder and next-sentence head).
+    The padding mask is ``[B, 1, 1, S]`` (``add_row``)."""
     z = sizes(m, run)
     layer = [
         *(r.linear(n, z.T, (z.H, z.H), z.dt) for n in ("query", "key", "value")),
-        *attention_core(z, mask_op="add"),
+        *attention_core(z, mask_op="add_row"),
         r.linear("attn_out", z.T, (z.H, z.H), z.dt),
         *_residual(z, "attn"),
         r.layernorm("attn_ln", z.T, z.H, z.dt),
@@ -141,15 +149,21 @@ def bert(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
         r.layernorm("ln", z.T, z.H, z.dt),
         r.dropout("drop", z.T, z.H, z.dt),
     ]
-    head = [
+    pooler = [
         r.linear("pooler", z.B, (z.H, z.H), z.dt),
         r.elementwise("pooler_tanh", "tanh", (z.B, z.H), z.dt),
-        r.linear("transform", z.T, (z.H, z.H), z.dt),
-        r.elementwise("transform_gelu", "gelu", (z.T, z.H), z.dt),
-        r.layernorm("transform_ln", z.T, z.H, z.dt),
-        r.linear("decoder", z.T, (z.H, z.V), z.dt),
-        r.linear("seq_relationship", z.B, (z.H, 2), z.dt),
     ]
+    if run.mode == "inf":  # BertForSequenceClassification (the traced inference model)
+        head = [*pooler, r.linear("classifier", z.B, (z.H, 2), z.dt)]
+    else:  # BertForPreTraining (the traced training model): MLM over the vocabulary + NSP
+        head = [
+            *pooler,
+            r.linear("transform", z.T, (z.H, z.H), z.dt),
+            r.elementwise("transform_gelu", "gelu", (z.T, z.H), z.dt),
+            r.layernorm("transform_ln", z.T, z.H, z.dt),
+            r.linear("decoder", z.T, (z.H, z.V), z.dt),
+            r.linear("seq_relationship", z.B, (z.H, 2), z.dt),
+        ]
     return (
         Block("embed", tuple(embed), host_ops=25),
         Block("layer", tuple(layer), m.num_layers, host_ops=24),
