@@ -55,22 +55,23 @@ def sizes(m: ModelSpec, run: Workload) -> Sizes:
     )
 
 
-def attention_core(z: Sizes, *, mask_op: str) -> list[FrameworkOp]:
-    """QK^T, scale, mask, softmax, dropout, AV and the head-merge copy."""
+def attention_core(z: Sizes, *, mask_op: str, scale: bool = True) -> list[FrameworkOp]:
+    """QK^T, scale (not in T5, which folds it into its initialisation), mask, softmax,
+    dropout, AV and the head-merge copy."""
     bh = z.B * z.nh
     masks = {
         # causal mask by torch.where over the scores
         "where": lambda: r.memory("mask", "masked_fill", z.scores, z.dt, bw_op="masked_fill"),
         # a full-size additive bias (T5/Switch position bias)
         "add": lambda: r.elementwise("mask", "add", z.scores, z.dt),
-        # a [B, 1, 1, S] padding mask broadcast over heads and rows: one full-size read,
-        # timed like the scalar form in the traces (BERT)
+        # a mask broadcast over heads (BERT's [B, 1, 1, S], Llama's [B, 1, S, S]): one
+        # full-size read, timed like the scalar form in the BERT traces
         "add_row": lambda: r.elementwise("mask", "addu", z.scores, z.dt),
     }
     mask = masks[mask_op]()
     return [
         r.bmm("qk", (bh, z.S, z.d, z.S), z.dt),
-        r.elementwise("scale", "divu", z.scores, z.dt),
+        *([r.elementwise("scale", "divu", z.scores, z.dt)] if scale else []),
         mask,
         r.softmax("softmax", *z.scores, z.dt),
         r.dropout("attn_dropout", *z.scores, z.dt),

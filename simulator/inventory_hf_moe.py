@@ -1,8 +1,9 @@
 """HF eager inventories of the RMSNorm families: Llama/Mixtral (RoPE, GQA, SwiGLU, top-k MoE)
 and Switch Transformer (T5 encoder-decoder, every ``moe_every``-th FFN a top-1 MoE).
 
-Not checked against a per-op trace (the NeuSight labels have none for Llama; Switch has one
-full-model trace on L4). Expert FFNs see ``tokens * experts_per_token / num_experts`` tokens
+Llama is not checked against a per-op trace (the NeuSight labels have none); Switch against
+its one full-model trace on L4 (T5 attention has no score scaling; the position bias is a
+full-size add). Expert FFNs see ``tokens * experts_per_token / num_experts`` tokens
 each (balanced routing), at most ``expert_capacity`` (HF Switch drops the rest).
 """
 
@@ -84,7 +85,7 @@ def llama(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
         *rope("rope_q", z.T, qd, z.dt),
         *rope("rope_k", z.T, kvd, z.dt),
         *(repeat_kv if z.kv < z.nh else []),
-        *attention_core(z, mask_op="add"),
+        *attention_core(z, mask_op="add_row"),
         r.linear("o_proj", z.T, (qd, z.H), z.dt, bias=False),
         r.elementwise("attn_add", "add", (z.T, z.H), z.dt),
         *rmsnorm("post_norm", z.T, z.H, z.dt),
@@ -108,7 +109,7 @@ def _t5_attention(z: Sizes, tag: str) -> list[FrameworkOp]:
     return [
         *rmsnorm(f"{tag}_norm", z.T, z.H, z.dt),
         *(r.linear(f"{tag}_{x}", z.T, (z.H, hd), z.dt, bias=False) for x in "qkv"),
-        *attention_core(z, mask_op="add"),
+        *attention_core(z, mask_op="add", scale=False),
         r.linear(f"{tag}_o", z.T, (hd, z.H), z.dt, bias=False),
         r.dropout(f"{tag}_dropout", z.T, z.H, z.dt),
         r.elementwise(f"{tag}_add", "add", (z.T, z.H), z.dt),
