@@ -8,6 +8,8 @@ folders whose device has no catalog entry (MI250) are skipped with a reason. Fus
 
 from __future__ import annotations
 
+import csv
+import gzip
 import json
 import re
 from dataclasses import dataclass
@@ -24,6 +26,8 @@ from simulator.opgraph import OpGraph, Phase, Workload, build_ops
 TRAINING_GPUS = ("p4", "p100-pcie-16gb", "t4", "v100-pcie-32gb", "a100-pcie-40gb")
 RUN_NAME = re.compile(r"^(?P<model>\w+)-(?P<mode>inf|train)-(?P<seq>\d+)-(?P<batch>\d+)$")
 MODEL_ALIASES = {"switch4": "switch-base-4"}
+# Module path of the traced model's one transformer layer (GPT-2/GPT-3-style, BERT, OPT).
+LAYER0 = re.compile(r"'(transformer\.h|bert\.encoder\.layer|model\.decoder\.layers)\.0'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +41,24 @@ class Label:
     e2e_ms: float
     fw_ms: float
     bw_ms: float
+    trace_ms: float | None = None  # the run's per-op trace summed to the full model
+
+
+def trace_sum_ms(path: Path, num_layers: int) -> float | None:
+    """Sum of a one-layer per-op trace scaled to ``num_layers`` (NeuSight README: layer-0
+    rows x ``num_layer`` + the other rows), forward + backward + gradient accumulation, ms.
+    None when the trace has no layer-0 rows (Switch's full-model trace) or is absent."""
+    if not path.is_file() or num_layers <= 0:
+        return None
+    layer = rest = 0.0
+    with gzip.open(path, "rt", newline="") as f:
+        for row in csv.DictReader(f):
+            t = sum(float(row[k] or 0.0) for k in ("fw_latency", "bw_latency", "acc_latency"))
+            if LAYER0.search(row["meta"]):
+                layer += t
+            else:
+                rest += t
+    return layer * num_layers + rest if layer > 0 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +87,7 @@ def load_labels(data_dir: Path) -> tuple[list[Label], dict[str, str]]:
             raw = json.loads(path.read_text())
             run = Workload(batch=int(m["batch"]), seq=int(m["seq"]), mode=m["mode"])  # type: ignore[arg-type]
             model = MODEL_ALIASES.get(m["model"], m["model"])
+            trace = trace_sum_ms(path.with_suffix(".csv.gz"), int(raw.get("num_layer") or 0))
             labels.append(
                 Label(
                     gpu.id,
@@ -74,6 +97,7 @@ def load_labels(data_dir: Path) -> tuple[list[Label], dict[str, str]]:
                     float(raw["e2e_latency"]),
                     float(raw["fw_latency"]),
                     float(raw["bwall_latency"]),
+                    trace,
                 )
             )
     return labels, skipped

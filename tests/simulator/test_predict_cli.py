@@ -58,3 +58,26 @@ def test_runs_jsonl_with_one_bad_line(tmp_path: Path, capsys: pytest.CaptureFixt
     assert len(out) == 3
     assert set(out[0]) == KEYS and set(out[2]) == KEYS
     assert out[1]["line"] == 2 and "zzz" in out[1]["error"]
+
+
+def test_trace_sum_scales_layer_zero_rows(tmp_path: Path) -> None:
+    """NeuSight's recipe: layer-0 rows x num_layer + the other rows, all three latency columns."""
+    import csv
+    import gzip
+
+    from simulator.e2e_validate import trace_sum_ms
+
+    rows = [
+        ("['', 'bert.embeddings']", 1.0, 2.0, 0.5),
+        ("['', 'bert.encoder.layer.0']", 3.0, 4.0, 1.0),
+        ("['', 'bert.encoder.layer.0', 'x']", 0.25, 0.0, 0.0),
+        ("['', 'bert.encoder.layer.10']", 100.0, 0.0, 0.0),  # not layer 0: counted once
+    ]
+    path = tmp_path / "run.csv.gz"
+    with gzip.open(path, "wt", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["meta", "fw_latency", "bw_latency", "acc_latency"])
+        w.writerows(rows)
+    assert trace_sum_ms(path, 24) == pytest.approx((3.0 + 4.0 + 1.0 + 0.25) * 24 + 3.5 + 100.0)
+    assert trace_sum_ms(tmp_path / "absent.csv.gz", 24) is None
+    assert trace_sum_ms(path, 0) is None
