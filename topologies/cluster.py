@@ -45,6 +45,9 @@ class Cluster:
         self.spec = spec
         self.server = spec.server
         self.network = spec.network
+        # group_links is a pure function of the ranks; a sweep asks for the same groups over
+        # and over (every layout's DP and TP groups), and each answer walks every rank.
+        self._links: dict[tuple[int, ...], GroupLinks] = {}
 
     @property
     def world_size(self) -> int:
@@ -107,6 +110,12 @@ class Cluster:
 
     def group_links(self, ranks: Sequence[int]) -> GroupLinks:
         """Effective bandwidths and latencies of a rank group (see `GroupLinks`)."""
+        key = tuple(ranks)
+        if key not in self._links:
+            self._links[key] = self._group_links(key)
+        return self._links[key]
+
+    def _group_links(self, ranks: tuple[int, ...]) -> GroupLinks:
         if len(set(ranks)) != len(ranks) or not ranks:
             raise TopologyError("a rank group needs at least one rank and no repeated ranks")
         per_node: dict[int, list[int]] = {}
