@@ -12,9 +12,21 @@ import argparse
 import time
 from collections.abc import Sequence
 
+from simulator.execgraph import exec_graph
+from simulator.rows import Row
 from simulator.scenario import load_scenario
+from simulator.scheduler import compile_plan
+from simulator.schedules import stage_orders
 from simulator.space import Point, enumerate_space, find_scenario
-from simulator.sweep import Executor, RayOptions, Shared, build_shared, ray_session, run_sweep
+from simulator.sweep import (
+    Executor,
+    RayOptions,
+    Shared,
+    build_shared,
+    ray_session,
+    run_sweep,
+    select_candidates,
+)
 
 # GPT-3 175B on 256..4096 H100s: a wide grid (about 100k raw combinations per size).
 WIDE = (
@@ -28,14 +40,25 @@ WIDE = (
 )
 
 
-def _rate(
+def _timed(
     tier: str, points: Sequence[Point], shared: Shared, executor: Executor, chunk: int
-) -> float:
+) -> tuple[float, list[Row]]:
     t0 = time.perf_counter()
     rows = run_sweep(tier, points, shared, executor=executor, chunk_size=chunk)  # type: ignore[arg-type]
     dt = time.perf_counter() - t0
     assert len(rows) == len(points)
-    return len(points) / dt
+    return len(points) / dt, rows
+
+
+def _rate(
+    tier: str, points: Sequence[Point], shared: Shared, executor: Executor, chunk: int
+) -> float:
+    return _timed(tier, points, shared, executor, chunk)[0]
+
+
+def _clear_graph_caches() -> None:
+    for cache in (exec_graph, compile_plan, stage_orders):
+        cache.cache_clear()
 
 
 def main() -> None:
@@ -54,18 +77,33 @@ def main() -> None:
         f"enumerated and kernel tables built in {time.perf_counter() - t0:.1f} s"
     )
     pts = space.points
-    screen = _rate("screen", pts, shared, "serial", 500)
+    screen, screened = _timed("screen", pts, shared, "serial", 500)
     print(f"screen, serial: {screen:,.0f} layouts/s ({len(pts)} layouts, 1 core)")
+    # The simulate tier as `tilesim sweep` runs it: the screen's best 48 plus 2 per cluster
+    # size, from empty graph caches (each new shape's graph is built inside the timing).
+    keys = set(select_candidates(screened, top=48, per_context=2))
+    top = [p for p in pts if p.key(shared.contexts[p.context].id) in keys]
+    _clear_graph_caches()
+    tsim = _rate("simulate", top, shared, "serial", 4)
+    print(
+        f"simulate, serial: {tsim:.1f} layouts/s "
+        f"(GPT-3 175B, the sweep's {len(top)} top candidates, 1 core)"
+    )
     llama = load_scenario(find_scenario("llama3-70b-h100"))
     lspace = enumerate_space(llama)
     lshared = build_shared(lspace, llama.run)
+    _clear_graph_caches()
     step = max(1, len(lspace.points) // args.simulate)
     sim_pts = lspace.points[::step][: args.simulate]
     sim = _rate("simulate", sim_pts, lshared, "serial", 4)
     print(f"simulate, serial: {sim:.1f} layouts/s (Llama 3 70B, {len(sim_pts)} layouts, 1 core)")
     gpt_pts = pts[:: max(1, len(pts) // 10)][:10]
+    _clear_graph_caches()
     gsim = _rate("simulate", gpt_pts, shared, "serial", 2)
-    print(f"simulate, serial: {gsim:.1f} layouts/s (GPT-3 175B, {len(gpt_pts)} layouts, 1 core)")
+    print(
+        f"simulate, serial: {gsim:.1f} layouts/s (GPT-3 175B, {len(gpt_pts)} layouts spread over "
+        "the space, each a new shape, up to 25k graph nodes; 1 core)"
+    )
     few = pts[:: max(1, len(pts) // args.ray_layouts)][: args.ray_layouts]
     t0 = time.perf_counter()
     with ray_session("ray", RayOptions(workers=args.workers)):

@@ -93,7 +93,7 @@ def _exposed(t: Timeline) -> dict[str, float]:
             for k in ("tp", "cp", "ep"):
                 out[k] += parts[f"{k}_s"]
         elif a["kind"] == "comm":
-            out[a["comm"]] += t.duration_s[n]
+            out[a["comm"]] += t.step.duration_s(n)
     for a, b in itertools.pairwise(path):
         if "comm" in edges[a, b]:
             out[edges[a, b]["comm"]] += t.step.delay_s(a, b)
@@ -102,20 +102,12 @@ def _exposed(t: Timeline) -> dict[str, float]:
 
 def _phases(t: Timeline) -> tuple[float, float, float]:
     """(forward-backward end, optimizer time, mean idle fraction of compute streams)."""
-    nodes = t.graph._node  # the dict itself: a view costs a new object per lookup
-    fb_end: dict[int, float] = {}
-    busy: dict[int, float] = {}
-    opt = 0.0
-    for n, d in t.duration_s.items():
-        a = nodes[n]
-        s = a["stage"]
-        if a["kind"] == "compute":
-            fb_end[s] = max(fb_end.get(s, 0.0), t.end_s[n])
-            busy[s] = busy.get(s, 0.0) + d
-        elif a["kind"] == "optimizer":
-            opt = max(opt, d)
-    span = max(fb_end.values())
-    bubble = sum(1.0 - busy[s] / span for s in busy) / len(busy)
+    end, dur = t.end, t.duration
+    fb_end = [max(end[i] for i in idx) for idx in t.plan.compute]
+    busy = [sum(dur[i] for i in idx) for idx in t.plan.compute]
+    opt = max((dur[i] for i in t.plan.optimizer), default=0.0)
+    span = max(fb_end)
+    bubble = sum(1.0 - b / span for b in busy) / len(busy)
     return span, opt, bubble
 
 

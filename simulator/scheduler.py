@@ -28,6 +28,8 @@ class Plan:
     nodes: tuple[Node, ...]  # topological order
     costs: tuple[CostKey, ...]  # per node
     preds: tuple[tuple[tuple[int, CostKey | None], ...], ...]  # (index, delay key) per node
+    compute: tuple[tuple[int, ...], ...]  # per stage: indices of its compute tasks
+    optimizer: tuple[int, ...]  # indices of the optimizer steps
 
 
 @functools.lru_cache(maxsize=16)
@@ -49,22 +51,33 @@ def compile_plan(graph: nx.DiGraph) -> Plan:
     if len(order) != len(waiting):
         raise ValueError("execution graph has a cycle: the schedule's order deadlocks")
     index = {n: i for i, n in enumerate(order)}
+    compute: dict[int, list[int]] = {}
+    for i, n in enumerate(order):
+        if attrs[n]["kind"] == "compute":
+            compute.setdefault(attrs[n]["stage"], []).append(i)
     return Plan(
         nodes=tuple(order),
         costs=tuple(attrs[n]["cost"] for n in order),
         preds=tuple(tuple((index[p], e.get("delay")) for p, e in preds[n].items()) for n in order),
+        compute=tuple(tuple(compute[s]) for s in sorted(compute)),
+        optimizer=tuple(i for i, n in enumerate(order) if attrs[n]["kind"] == "optimizer"),
     )
 
 
 @dataclass(frozen=True)
 class Timeline:
-    """Start, end and duration of every task (seconds from step start) and their graph."""
+    """Start, end and duration of every task (seconds from step start) and their graph.
+
+    Times are lists in the plan's order (``start[i]`` is ``plan.nodes[i]``'s start); the
+    per-node dicts are built on first use (traces and tests want them, sweeps do not)."""
 
     step: StepGraph
-    start_s: dict[Node, float]
-    end_s: dict[Node, float]
-    duration_s: dict[Node, float]
-    critical_pred: dict[Node, Node | None]
+    plan: Plan
+    start: list[float]
+    end: list[float]
+    duration: list[float]
+    crit: list[int]  # index of the predecessor whose end started each task, -1 for none
+    last: int  # index of the task that ends last (the first such in plan order)
 
     @property
     def graph(self) -> nx.DiGraph:
@@ -74,7 +87,22 @@ class Timeline:
     @property
     def makespan_s(self) -> float:
         """End of the last task."""
-        return max(self.end_s.values(), default=0.0)
+        return self.end[self.last] if self.end else 0.0
+
+    @functools.cached_property
+    def start_s(self) -> dict[Node, float]:
+        """Start of every task, by node."""
+        return dict(zip(self.plan.nodes, self.start, strict=True))
+
+    @functools.cached_property
+    def end_s(self) -> dict[Node, float]:
+        """End of every task, by node."""
+        return dict(zip(self.plan.nodes, self.end, strict=True))
+
+    @functools.cached_property
+    def duration_s(self) -> dict[Node, float]:
+        """Duration of every task, by node."""
+        return dict(zip(self.plan.nodes, self.duration, strict=True))
 
 
 def schedule(step: StepGraph) -> Timeline:
@@ -82,9 +110,11 @@ def schedule(step: StepGraph) -> Timeline:
     plan = compile_plan(step.graph)
     price = step.seconds
     dur = [price[k] for k in plan.costs]
-    start = [0.0] * len(dur)
-    end = [0.0] * len(dur)
-    crit: list[int] = [-1] * len(dur)
+    n = len(dur)
+    start = [0.0] * n
+    end = [0.0] * n
+    crit = [-1] * n
+    last, last_end = -1, 0.0
     for i, preds in enumerate(plan.preds):
         best = -1
         t = 0.0
@@ -93,26 +123,20 @@ def schedule(step: StepGraph) -> Timeline:
             if best < 0 or e > t:
                 t, best = e, p
         start[i] = t
-        end[i] = t + dur[i]
+        end[i] = e = t + dur[i]
         crit[i] = best
-    nodes = plan.nodes
-    return Timeline(
-        step,
-        dict(zip(nodes, start, strict=True)),
-        dict(zip(nodes, end, strict=True)),
-        dict(zip(nodes, dur, strict=True)),
-        {n: None if c < 0 else nodes[c] for n, c in zip(nodes, crit, strict=True)},
-    )
+        if last < 0 or e > last_end:
+            last, last_end = i, e
+    return Timeline(step, plan, start, end, dur, crit, last)
 
 
 def critical_path(timeline: Timeline) -> list[Node]:
     """The chain of tasks that ends last, each started by the end (plus the edge's delay) of the
     one before."""
-    if not timeline.end_s:
-        return []
-    node: Node | None = max(timeline.end_s, key=lambda n: timeline.end_s[n])
+    nodes, crit = timeline.plan.nodes, timeline.crit
     path: list[Node] = []
-    while node is not None:
-        path.append(node)
-        node = timeline.critical_pred[node]
+    i = timeline.last
+    while i >= 0:
+        path.append(nodes[i])
+        i = crit[i]
     return path[::-1]
