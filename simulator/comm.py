@@ -4,13 +4,19 @@ Bytes per collective (nccl-tests size S; ``A = micro_batch * seq/cp * hidden * i
 
 * TP, per layer and micro-batch (Megatron column/row split): forward 2 all-reduces of ``A``;
   backward 2 more. With sequence parallelism each all-reduce becomes an all-gather plus a
-  reduce-scatter of ``A`` (same bytes on the wire, norms on ``1/tp`` of the tokens). The
-  vocabulary-parallel embedding adds one forward all-reduce of ``A``. Blocking (not overlapped).
+  reduce-scatter of ``A`` (same bytes on the wire, norms on ``1/tp`` of the tokens), and in
+  backward each column-parallel linear all-gathers its input again (Megatron keeps only the
+  sequence-split input): 2 more all-gathers. The vocabulary-parallel embedding adds one
+  forward all-reduce of ``A``. Forward collectives block; in backward the column-parallel
+  linears' collectives overlap their own GEMMs when ``tp_comm_overlap`` is set (`stepcosts`;
+  ``tp_ar_s``/``tp_ag_s``/``tp_rs_s`` are one collective each).
 * CP (ring attention), per layer: all-gather of K and V forward, reduce-scatter of their
   gradients backward; overlapped with the attention core, only the excess is exposed.
 * EP (MoE), per MoE layer: 2 all-to-alls of ``A * experts_per_token`` forward, 2 backward.
 * PP: one send-recv of ``A / tp`` per stage boundary and micro-batch, each direction (Megatron's
-  scatter/gather optimisation sends one TP slice).
+  scatter/gather optimisation: each TP rank sends one slice, then the receiving TP group
+  all-gathers ``A`` over its node fabric before the next stage can start; with sequence
+  parallelism the activation is already split over TP and nothing is gathered).
 * DP over the dp x cp group: gradients (fp32 main grads for fp32/bf16, 16-bit for fp16/fp8):
   all-reduce, or reduce-scatter plus an all-gather of the updated 16-bit parameters when the
   optimizer is sharded (ZeRO-1/2, distributed optimizer); ZeRO-3 gathers parameters before
@@ -58,6 +64,9 @@ class LayerComm:
     ep_fw_s: float
     ep_bw_s: float
     pp_hop_s: float
+    tp_ar_s: float = 0.0
+    tp_ag_s: float = 0.0
+    tp_rs_s: float = 0.0
 
 
 def activation_bytes(inputs: SimInputs, layout: Layout) -> float:
@@ -67,33 +76,32 @@ def activation_bytes(inputs: SimInputs, layout: Layout) -> float:
     return float(tokens * inputs.model.hidden_size * ITEMSIZE_BYTES[inputs.dtype])
 
 
-def _tp_s(a: float, layout: Layout, cluster: Cluster) -> float:
-    g = layout.tp_group
-    if layout.run.sequence_parallel:
-        return collective_s("all-gather", a, g, cluster) + collective_s(
-            "reduce-scatter", a, g, cluster
-        )
-    return collective_s("all-reduce", a, g, cluster)
-
-
 def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
     """Per-micro-batch communication of one layer (see the module docstring)."""
     run, cl, m = layout.run, inputs.cluster, inputs.model
     a = activation_bytes(inputs, layout)
-    tp_one = _tp_s(a, layout, cl)
+    g = layout.tp_group
+    ar = collective_s("all-reduce", a, g, cl)
+    ag = collective_s("all-gather", a, g, cl)
+    rs = collective_s("reduce-scatter", a, g, cl)
+    tp_one = ag + rs if run.sequence_parallel else ar
     kv = 2 * run.micro_batch_size * inputs.seq_len * m.kv_heads * m.dhead / run.tp
     kv_bytes = kv * ITEMSIZE_BYTES[inputs.dtype]
     a2a = a * m.experts_per_token
     ep = 2 * collective_s("all-to-all", a2a, layout.ep_group, cl) if m.num_experts > 1 else 0.0
     return LayerComm(
         tp_fw_s=2 * tp_one,
-        tp_bw_s=2 * tp_one,
+        tp_bw_s=2 * tp_one + (2 * ag if run.sequence_parallel else 0.0),
         tp_embed_s=tp_one,
         cp_fw_s=collective_s("all-gather", kv_bytes, layout.cp_group, cl),
         cp_bw_s=collective_s("reduce-scatter", kv_bytes, layout.cp_group, cl),
         ep_fw_s=ep,
         ep_bw_s=ep,
-        pp_hop_s=collective_s("send-recv", a / run.tp, layout.pp_pair, cl),
+        pp_hop_s=collective_s("send-recv", a / run.tp, layout.pp_pair, cl)
+        + (0.0 if run.sequence_parallel or run.pp == 1 else ag),
+        tp_ar_s=ar,
+        tp_ag_s=ag,
+        tp_rs_s=rs,
     )
 
 

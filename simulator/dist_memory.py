@@ -3,12 +3,14 @@
 Per parameter (mixed precision, Megatron): 16-bit weights (2 B), fp32 main gradients (4 B;
 2 B in fp16), fp32 master weights and two Adam moments (12 B); fp32 training: 4 + 4 + 8 B.
 ZeRO-1 and the distributed optimizer divide the optimizer state by the dp x cp group, ZeRO-2
-also the gradients, ZeRO-3 also the weights (plus the chunk being gathered).
+also the gradients, ZeRO-3 also the weights, plus the gathered working set: ZeRO-3 gathers
+module by module (DeepSpeed, FSDP), so two layers' full weights are live (the one computing and
+the one prefetched), or two embedding tables where a table is larger than a layer.
 
 Activations per layer and micro-batch (Korthikanti et al. 2022, eq. 2 and section 4, in
 2-byte units, scaled by the element size; ``s`` = seq/cp, FFN term scaled by ffn/4h):
 no recompute ``s*b*h*(10 + 24/t + 5as/(ht))`` (``34/t`` with sequence parallelism; the
-``5as/h`` score term vanishes with flash attention, i.e. the ``megatron`` framework),
+``5as/h`` score term vanishes with flash attention, `SimInputs.attention`),
 selective recompute drops the score term, full recompute keeps only the layer input
 ``2*s*b*h`` (``/t`` with SP) plus one layer's full set while it is recomputed. The number of
 micro-batches in flight comes from the stage's schedule (`schedules.in_flight`). The last
@@ -49,7 +51,7 @@ def layer_activation_bytes(inputs: SimInputs, layout: Layout, *, working: bool =
     run, m = layout.run, inputs.model
     s, b, h, t = inputs.seq_len // run.cp, run.micro_batch_size, m.hidden_size, run.tp
     ffn = 24.0 * m.ffn_hidden_size / (4.0 * h)
-    scores = 0.0 if inputs.framework == "megatron" else 5.0 * m.num_heads * s / (h * t)
+    scores = 0.0 if inputs.attention == "flash" else 5.0 * m.num_heads * s / (h * t)
     sp = run.sequence_parallel
     recompute = "none" if working else run.recompute
     if recompute == "full":
@@ -58,6 +60,15 @@ def layer_activation_bytes(inputs: SimInputs, layout: Layout, *, working: bool =
         units = (10.0 + ffn) / t if sp else 10.0 + ffn / t
         units += scores if recompute == "none" else 0.0
     return s * b * h * units * ITEMSIZE_BYTES[inputs.dtype] / 2.0
+
+
+def _gathered_unit(inputs: SimInputs, layout: Layout) -> float:
+    """Parameters of the largest module ZeRO-3 gathers at once on one GPU."""
+    m, run = inputs.model, layout.run
+    dense = m.layer_params(moe=False)
+    experts = m.layer_params(moe=True) - dense if m.num_experts > 1 else 0
+    layer = (dense + experts / run.ep) / run.tp
+    return max(layer, m.vocab_size * m.hidden_size / run.tp)
 
 
 def stage_memory(
@@ -77,7 +88,9 @@ def stage_memory(
         grads /= shard
     other = float(RESERVED_BYTES)
     if run.zero_stage >= 3:
-        weights = weights / shard + 2 * weights / max(1, len(chunks))
+        weights = weights / shard + 2 * _gathered_unit(inputs, layout) * param_itemsize_bytes(
+            inputs.dtype
+        )
     layers_per_chunk = sum(chunks) / len(chunks)
     acts = in_flight * layers_per_chunk * layer_activation_bytes(inputs, layout)
     if run.recompute == "full":

@@ -8,10 +8,21 @@
   ``hardware_tflops_per_gpu``, the same eq. 3 convention); Korthikanti rows publish the
   iteration time (the TFLOP/s error is then ``measured_s / predicted_s - 1``).
 
-Inferred where the source is silent (stated per row in ``inferred``/``notes``): micro-batch 1
-when not given; interleaving with 2 chunks for Narayanan's pipelined rows where it divides
-(the paper uses the interleaved schedule without listing ``v``); 16-bit = fp16; DP gradient
-reduction not overlapped with backward for Megatron-LM of 2021-22, overlapped for DeepSpeed.
+Settings the rows leave null (`STATED`): Narayanan's Table 1 micro-batch sizes, layers per
+virtual pipeline stage and DDP implementation are those of the authors' reproduction script,
+``examples/sc21/run_table_1.sh`` in NVIDIA/Megatron-LM (fp16, static loss scale, full
+recompute, PyTorch DDP without model parallelism, Megatron's local DDP with it). Table 2 has
+no script: its PTD-P rows keep their stated micro-batch 1 and Megatron's default schedule
+(no interleaving flag, so plain 1F1B). PyTorch DDP all-reduces 25 MiB buckets during the last
+micro-batch's backward (Megatron runs the other micro-batches under ``no_sync``); Megatron's
+local DDP reduces after the backward pass; DeepSpeed ZeRO-3 overlaps. Otherwise: micro-batch 1
+when not given, 16-bit = fp16.
+
+Software of each source (`SOURCE_RUN`): both papers predate FlashAttention (2022), so
+attention is unfused (the score matrix goes through DRAM); Narayanan's Megatron-LM (April
+2021) blocks on every TP all-reduce, Korthikanti's (2022) overlaps the backward TP
+collectives with the weight-gradient GEMMs (async all-reduce; with sequence parallelism the
+all-gather and reduce-scatter of the column-parallel linears).
 """
 
 from __future__ import annotations
@@ -72,31 +83,71 @@ def label_scenario(layout: str, *, latency_model: str = "auto") -> Scenario:
     return parse_scenario(raw, source=f"label {layout}", base_dir=Path("."))
 
 
-def _v(row: dict[str, Any]) -> int:
-    if row["virtual_pipeline_stages"]:
-        return int(row["virtual_pipeline_stages"])
-    pp, m = row["pp"], row["global_batch_size"] // (row["dp"] * (row["micro_batch_size"] or 1))
-    ok = pp > 1 and row["n_layers"] % (2 * pp) == 0 and m % pp == 0
-    return 2 if ok and row["group"].startswith("B_narayanan") and "zero3" not in row["id"] else 1
+SOURCE_RUN: dict[str, dict[str, Any]] = {
+    "B_narayanan2021": {"tp_comm_overlap": False},
+    "C_korthikanti2022": {"tp_comm_overlap": True},
+}
+
+
+def _source_run(row: dict[str, Any]) -> dict[str, Any]:
+    return next((v for k, v in SOURCE_RUN.items() if row["group"].startswith(k)), {})
+
+
+# (micro_batch_size, layers per virtual pipeline stage or 0, DDP implementation)
+_TABLE_1 = {
+    "1.7B_32gpu": (16, 0, "torch"),
+    "3.6B_64gpu": (16, 0, "torch"),
+    "7.5B_128gpu": (16, 0, "torch"),
+    "18.4B_256gpu": (8, 0, "torch"),
+    "39.1B_512gpu": (4, 0, "local"),
+    "76.1B_1024gpu": (2, 5, "local"),
+    "145.6B_1536gpu": (2, 5, "local"),
+    "310.1B_1920gpu": (1, 3, "local"),
+    "529.6B_2520gpu": (1, 1, "local"),
+    "1008.0B_3072gpu": (1, 0, "local"),
+}
+STATED: dict[str, tuple[int, int, str]] = {f"narayanan21_t1_{k}": v for k, v in _TABLE_1.items()}
+DDP_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP bucket_cap_mb
+
+
+def _stated(row: dict[str, Any]) -> tuple[int, int, str]:
+    found = next((v for k, v in STATED.items() if row["id"].startswith(k)), None)
+    if found is not None:
+        return found
+    per_stage = row["n_layers"] // (row["pp"] * (row["virtual_pipeline_stages"] or 1))
+    ddp = "deepspeed" if row["optimizer_sharding"].startswith("ZeRO-3") else "local"
+    return row["micro_batch_size"] or 1, per_stage if row["virtual_pipeline_stages"] else 0, ddp
+
+
+def _grad_run(row: dict[str, Any], ddp: str) -> dict[str, Any]:
+    """DP gradient reduction: overlapped (PyTorch DDP buckets, DeepSpeed) or after backward."""
+    if ddp == "local":
+        return {"overlap_grad_reduce": False}
+    if ddp == "deepspeed":
+        return {"overlap_grad_reduce": True}
+    h, layers = row["hidden_size"], row["n_layers"]
+    params = (12 * h * h * layers + row["vocab_size"] * h) / (row["tp"] * row["pp"])
+    return {"overlap_grad_reduce": True, "buckets": max(1, round(2 * params / DDP_BUCKET_BYTES))}
 
 
 def published_scenario(row: dict[str, Any], *, latency_model: str = "auto") -> Scenario:
     """A scenario from one ``dev_runs.json`` row (inferences: module docstring)."""
     model_keys = ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "ffn_hidden_size")
-    v = _v(row)
-    zero3 = row["optimizer_sharding"].startswith("ZeRO-3")
+    mbs, per_virtual_stage, ddp = _stated(row)
+    v = row["n_layers"] // (row["pp"] * per_virtual_stage) if per_virtual_stage else 1
     run = {
         "tp": row["tp"],
         "pp": row["pp"],
         "dp": row["dp"],
         "cp": row["cp"] or 1,
-        "micro_batch_size": row["micro_batch_size"] or 1,
+        "micro_batch_size": mbs,
         "schedule": "1f1b-interleaved" if v > 1 else "1f1b",
         "virtual_stages": v,
         "sequence_parallel": bool(row["sequence_parallel"]),
         "recompute": "full" if row["recompute"].startswith("full") else "selective",
-        "zero_stage": 3 if zero3 else 0,
-        "overlap_grad_reduce": zero3,
+        "zero_stage": 3 if ddp == "deepspeed" else 0,
+        **_grad_run(row, ddp),
+        **_source_run(row),
     }
     raw = {
         "study": {"name": row["id"]},
@@ -116,6 +167,7 @@ def published_scenario(row: dict[str, Any], *, latency_model: str = "auto") -> S
             "global_batch_size": row["global_batch_size"],
             "dtype": "fp16",
             "framework": "megatron",
+            "attention": "unfused",
             "latency_model": latency_model,
         },
         "run": run,

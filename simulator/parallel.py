@@ -39,6 +39,11 @@ class RunConfig(BaseModel):
     zero_stage: int = Field(default=0, ge=0, le=3)
     distributed_optimizer: bool = False
     overlap_grad_reduce: bool = True
+    tp_comm_overlap: bool = Field(
+        default=True,
+        description="backward TP collectives of the column-parallel linears overlap their "
+        "GEMMs (Megatron-LM's async TP communication, on by default since late 2021)",
+    )
     overlap_param_gather: bool = False
     buckets: int = Field(default=4, gt=0, description="DP gradient buckets per model chunk")
 

@@ -2,7 +2,7 @@
 
 Tables: ``[study]`` (name), ``[model]`` (``id``, ``hf_config`` or inline sizes; ``seq_len``
 always), ``[cluster]`` (gpu, server, network, num_gpus, gpus_per_node, nics_per_node),
-``[training]`` (global_batch_size, dtype, framework), ``[run]`` (one `RunConfig`) and an
+``[training]`` (global_batch_size, dtype, framework, attention), ``[run]`` (one `RunConfig`) and an
 optional ``[sweep]`` (lists, read by the sweep). Every table forbids unknown keys; errors name
 the key (``run.tpp``) and the rule, as one line. `resolve` turns ids into objects
 (`SimInputs`); nothing here simulates.
@@ -66,13 +66,24 @@ class ClusterSection(BaseModel):
     nics_per_node: int | None = Field(default=None, ge=0)
 
 
+Attention = Literal["flash", "unfused"]
+
+
 class TrainingSection(BaseModel):
-    """Batch, precision and op inventory."""
+    """Batch, precision and op inventory.
+
+    ``attention`` (``megatron`` only): ``flash`` = FlashAttention (no score matrix in DRAM),
+    ``unfused`` = QK^T, scale-mask-softmax, dropout and AV with the ``b*a/t*s*s`` scores in
+    DRAM (Megatron-LM before FlashAttention, 2019-22; any fp32 run); ``auto`` = flash for
+    16- and 8-bit dtypes, unfused for fp32/tf32 (FlashAttention has no fp32 kernels).
+    ``hf-eager`` is always unfused.
+    """
 
     model_config = _FROZEN
     global_batch_size: int = Field(gt=0)
     dtype: Dtype = Dtype.BF16
     framework: Literal["megatron", "hf-eager"] = "megatron"
+    attention: Literal["auto", "flash", "unfused"] = "auto"
     latency_model: Literal["auto", "roofline", "roofline-derated", "tile-mlp", "tensor-core"] = (
         "auto"
     )
@@ -105,6 +116,7 @@ class SimInputs:
     dtype: Dtype
     framework: Literal["megatron", "hf-eager"]
     latency_model: str
+    attention: Attention = "flash"
 
 
 def _set(raw: dict[str, Any], assignment: str) -> None:
@@ -205,6 +217,15 @@ def resolve_cluster(c: ClusterSection) -> Cluster:
     return Cluster(ClusterSpec(server=server, network=net, num_nodes=nodes))
 
 
+def resolve_attention(t: TrainingSection) -> Attention:
+    """The attention implementation a training section runs (see `TrainingSection`)."""
+    if t.framework == "hf-eager":
+        return "unfused"
+    if t.attention == "auto":
+        return "unfused" if t.dtype in (Dtype.FP32, Dtype.TF32) else "flash"
+    return t.attention
+
+
 def resolve(s: Scenario) -> SimInputs:
     """Load the model, GPU and cluster a scenario names; unknown ids become `ConfigError`."""
     try:
@@ -223,4 +244,5 @@ def resolve(s: Scenario) -> SimInputs:
         dtype=s.training.dtype,
         framework=s.training.framework,
         latency_model=s.training.latency_model,
+        attention=resolve_attention(s.training),
     )

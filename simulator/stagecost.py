@@ -8,7 +8,14 @@ and vocabulary divided by ``tp``, the sequence by ``cp``, experts by ``ep``; the
   ``tokens / tp`` rows;
 * context parallelism: the attention core runs ``cp`` ring steps of ``(S/cp) x (S/cp)`` blocks;
 * recomputation: ``full`` re-runs each layer's forward before its backward, ``selective``
-  re-runs the attention core only (Korthikanti et al. 2022).
+  re-runs the attention core only (Korthikanti et al. 2022);
+* unfused attention (`SimInputs.attention`, ``megatron`` only): the inventory's flash-attention
+  op becomes Megatron's ``CoreAttention`` before FlashAttention: ``baddbmm`` QK^T, the fused
+  scale-mask-softmax kernel (16-bit; fp32 falls back to ``masked_fill`` + eager softmax),
+  attention dropout, ``bmm`` AV and the head-merge copy, over ``b * a/t * s * s`` scores;
+* the loss (``megatron``): Megatron's vocabulary-parallel cross-entropy on the ``(tokens, V/t)``
+  logits, in fp32 (16-bit logits are cast up first and the gradient cast back): max, subtract,
+  exp, sum and divide (four read-write passes of the logits) forward, one scaling pass backward.
 
 `kernels_for` lists every kernel a layout needs so that the caller forecasts them once
 (`forecast_table`) and reuses the table across layouts.
@@ -18,10 +25,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from forecast.kernels import ROW_FAMILIES, Dtype, KernelSpec, OpFamily
+from forecast.kernels import ITEMSIZE_BYTES, ROW_FAMILIES, Dtype, KernelSpec, OpFamily
 from forecast.predict import LatencyTable
+from simulator import oprules as r
+from simulator.inventory_hf import Sizes, sizes
 from simulator.models import ModelSpec
 from simulator.opgraph import Block, Workload, inventory
+from simulator.oprules import FrameworkOp
 from simulator.parallel import RunConfig
 from simulator.scenario import SimInputs
 
@@ -29,18 +39,37 @@ ATTENTION_OPS = frozenset(
     {"flash_attention", "qk", "scale", "mask", "mask_add", "mask_clamp", "softmax"}
     | {"attn_dropout", "av"}
 )
-# Fused Adam moves ~32 bytes per parameter (fp32 p, g, m, v read; p, m, v written; 16-bit
-# copy of p): four times a 4-byte copy (8 bytes per element). Priced through this kernel.
-ADAM_REF_ELEMENTS = 16 * 65536
-ADAM_REF = KernelSpec(OpFamily.MEMORY, (16, 65536), Dtype.FP32, "copy")
-ADAM_COPIES = 4.0
+# Megatron's column-parallel linears: in backward their input-gradient all-reduce (or, with
+# sequence parallelism, the input re-gather and the gradient reduce-scatter) is issued
+# asynchronously and overlaps the layer's own GEMMs (`RunConfig.tp_comm_overlap`).
+COLUMN_PARALLEL = frozenset({"qkv", "fc1", "fc_gate_up"})
+# The optimizer step streams every local parameter's state through HBM; bytes per parameter
+# for Megatron-LM's mixed-precision optimizer with apex FusedAdam (fp32 p, g, m, v read, p, m,
+# v written: 28 B) plus, for fp16, the 16-bit grad -> fp32 main grad cast (6 B) and the
+# loss-scale unscale/inf check (8 B); the grad-norm read (4 B); the fp32 -> 16-bit weight copy
+# (6 B); zeroing the grad buffer (2 B fp16, 4 B fp32). fp32 training: norm, Adam, zeroing.
+OPTIMIZER_BYTES_PER_PARAM: dict[Dtype, float] = {
+    Dtype.FP16: 6 + 8 + 4 + 28 + 6 + 2,
+    Dtype.BF16: 4 + 28 + 6 + 4,
+    Dtype.FP8: 4 + 28 + 6 + 4,
+    Dtype.FP32: 4 + 28 + 4,
+    Dtype.TF32: 4 + 28 + 4,
+}
+# Priced at the bandwidth of a long streaming copy (512 MiB of traffic: multi-tensor apply
+# works over all parameters, far from launch-bound).
+ADAM_REF = KernelSpec(OpFamily.MEMORY, (1024, 65536), Dtype.FP32, "copy")
 
 Counted = tuple[tuple[KernelSpec, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
 class ShardKernels:
-    """Kernels (with launch counts) of one micro-batch on one shard, per block and phase."""
+    """Kernels (with launch counts) of one micro-batch on one shard, per block and phase.
+
+    ``col_dgrad`` / ``col_wgrad``: the input-gradient and weight-gradient GEMMs of a layer's
+    column-parallel linears, as (attention, MLP) groups: the work that each group's async TP
+    collective overlaps in backward (empty outside ``megatron``).
+    """
 
     embed_fw: Counted
     embed_bw: Counted
@@ -49,6 +78,9 @@ class ShardKernels:
     attention_fw: Counted
     head_fw: Counted
     head_bw: Counted
+    col_dgrad: tuple[Counted, ...] = ()
+    col_wgrad: tuple[Counted, ...] = ()
+    optimizer_bytes_per_param: float = OPTIMIZER_BYTES_PER_PARAM[Dtype.BF16]
 
     def all(self) -> set[KernelSpec]:
         """Every distinct kernel, plus the optimizer's reference kernel."""
@@ -58,7 +90,11 @@ class ShardKernels:
 
 @dataclass(frozen=True, slots=True)
 class BlockTimes:
-    """Seconds per micro-batch on one shard; ``layer_*`` for one layer."""
+    """Seconds per micro-batch on one shard; ``layer_*`` for one layer.
+
+    ``col_dgrad_s`` / ``col_wgrad_s``: backward GEMMs of the (attention, MLP) column-parallel
+    linears.
+    """
 
     embed_fw_s: float
     embed_bw_s: float
@@ -68,6 +104,8 @@ class BlockTimes:
     head_fw_s: float
     head_bw_s: float
     adam_s_per_param: float
+    col_dgrad_s: tuple[float, ...] = ()
+    col_wgrad_s: tuple[float, ...] = ()
 
 
 def shard_model(model: ModelSpec, run: RunConfig) -> ModelSpec:
@@ -123,6 +161,64 @@ def _hidden_of(block: Block) -> int:
     return -1
 
 
+def unfused_attention(z: Sizes) -> list[FrameworkOp]:
+    """Megatron's ``CoreAttention`` without FlashAttention, on one shard's sizes."""
+    bh = z.B * z.nh
+    rows, cols = z.scores
+    if ITEMSIZE_BYTES[z.dt] <= 2:  # fused scale-mask-softmax: y, dy -> dx in one kernel
+        softmax = [
+            FrameworkOp(
+                "softmax",
+                (KernelSpec(OpFamily.SOFTMAX, (rows, cols), z.dt),),
+                (KernelSpec(OpFamily.SOFTMAX, (rows * 3 // 2, cols), z.dt),),
+            )
+        ]
+    else:  # fp32: the torch fallback, mask then eager softmax
+        softmax = [
+            r.memory("mask", "masked_fill", (rows, cols), z.dt, bw_op="masked_fill"),
+            r.softmax("softmax", rows, cols, z.dt),
+        ]
+    return [
+        r.bmm("qk", (bh, z.S, z.d, z.S), z.dt),
+        *softmax,
+        r.dropout("attn_dropout", rows, cols, z.dt),
+        r.bmm("av", (bh, z.S, z.S, z.d), z.dt),
+        r.memory("merge_heads", "copy", (z.T, z.nh * z.d), z.dt),
+    ]
+
+
+def _with_unfused_attention(layer: Block, z: Sizes) -> Block:
+    ops: list[FrameworkOp] = []
+    for fop in layer.ops:
+        ops += unfused_attention(z) if fop.name == "flash_attention" else [fop]
+    return Block(layer.name, tuple(ops), layer.repeat, layer.host_ops)
+
+
+def _with_loss(head: Block, z: Sizes) -> Block:
+    """The head plus Megatron's vocab-parallel cross-entropy over fp32 logits (see above)."""
+    fp32 = Dtype.FP32
+    rows, vocab = z.T, z.V
+    passes = KernelSpec(OpFamily.SOFTMAX, (4 * rows, vocab), fp32)  # 4 read+write passes
+    scale = KernelSpec(OpFamily.ELEMENTWISE, (rows, vocab), fp32, "mulu")
+    loss = FrameworkOp("cross_entropy", (passes,), (scale,))
+    ops = [*head.ops, loss]
+    if ITEMSIZE_BYTES[z.dt] < 4:  # 16-bit -> fp32 cast and back: 6 bytes per logit each way
+        cast = KernelSpec(OpFamily.MEMORY, (rows, 3 * vocab // 2), z.dt, "copy")
+        ops.insert(len(head.ops), FrameworkOp("logits_cast", (cast,), (cast,)))
+    return Block(head.name, tuple(ops), head.repeat, head.host_ops)
+
+
+def _column_gemms(layer: Block, w: Workload, *, wgrad: bool) -> tuple[Counted, ...]:
+    """(attention, MLP) groups of column-parallel backward GEMMs (every expert's in the MLP)."""
+    if w.framework != "megatron":
+        return ()
+    index = 1 if wgrad else 0  # `oprules.linear` backward: (dgrad, wgrad, bias)
+    cols = [f for f in layer.ops if f.name in COLUMN_PARALLEL]
+    attn = tuple((f.bw[index], 1) for f in cols if f.name == "qkv")
+    mlp = tuple((f.bw[index], 1) for f in cols if f.name != "qkv")
+    return (attn, mlp)
+
+
 def shard_kernels(inputs: SimInputs, run: RunConfig) -> ShardKernels:
     """One micro-batch's kernels on one shard, per block and phase."""
     w = Workload(
@@ -131,8 +227,13 @@ def shard_kernels(inputs: SimInputs, run: RunConfig) -> ShardKernels:
         framework=inputs.framework,
         dtype=inputs.dtype,
     )
-    blocks = {b.name: b for b in inventory(shard_model(inputs.model, run), w)}
+    shard = shard_model(inputs.model, run)
+    blocks = {b.name: b for b in inventory(shard, w)}
     embed, layer, head = blocks["embed"], blocks["layer"], blocks["head"]
+    if inputs.framework == "megatron":
+        head = _with_loss(head, sizes(shard, w))
+        if inputs.attention == "unfused":
+            layer = _with_unfused_attention(layer, sizes(shard, w))
     return ShardKernels(
         embed_fw=_block_kernels(embed, w, run, backward=False),
         embed_bw=_block_kernels(embed, w, run, backward=True),
@@ -141,6 +242,9 @@ def shard_kernels(inputs: SimInputs, run: RunConfig) -> ShardKernels:
         attention_fw=_block_kernels(layer, w, run, backward=False, only=ATTENTION_OPS),
         head_fw=_block_kernels(head, w, run, backward=False),
         head_bw=_block_kernels(head, w, run, backward=True),
+        col_dgrad=_column_gemms(layer, w, wgrad=False),
+        col_wgrad=_column_gemms(layer, w, wgrad=True),
+        optimizer_bytes_per_param=OPTIMIZER_BYTES_PER_PARAM[inputs.dtype],
     )
 
 
@@ -171,7 +275,9 @@ def block_times(sk: ShardKernels, table: LatencyTable, run: RunConfig) -> BlockT
         attention_fw_s=attn_fw,
         head_fw_s=_sum_s(sk.head_fw, table),
         head_bw_s=_sum_s(sk.head_bw, table),
-        adam_s_per_param=ADAM_COPIES * table[ADAM_REF] / ADAM_REF_ELEMENTS,
+        adam_s_per_param=sk.optimizer_bytes_per_param * table[ADAM_REF] / ADAM_REF.bytes(),
+        col_dgrad_s=tuple(_sum_s(g, table) for g in sk.col_dgrad),
+        col_wgrad_s=tuple(_sum_s(g, table) for g in sk.col_wgrad),
     )
 
 

@@ -3,6 +3,14 @@
 Per chunk of ``n`` layers and one micro-batch: forward = ``n`` layer forwards (+ embedding on
 the first virtual stage, + head on the last); backward = ``n`` layer backwards + recompute
 (full: the layer forward again, with its TP collectives; selective: the attention core).
+
+Backward TP communication per layer (two column-parallel linears, attention and MLP): blocking,
+2 all-reduces (or 2 x all-gather + reduce-scatter with sequence parallelism); with
+``tp_comm_overlap`` (Megatron-LM's ``LinearWithGradAccumulationAndAsyncCommunication``) each
+linear's all-reduce runs while its weight-gradient GEMM does, so only the excess is exposed;
+with sequence parallelism the row-parallel linears' all-gathers still block, and each
+column-parallel linear re-gathers its input under its input-gradient GEMM and reduce-scatters
+its input gradient under its weight-gradient GEMM.
 """
 
 from __future__ import annotations
@@ -12,9 +20,20 @@ from dataclasses import replace
 from forecast.predict import LatencyTable
 from simulator.comm import LayerComm, dp_grad_s, dp_param_gather_s, layer_comm
 from simulator.execgraph import ChunkCost, StepCosts
-from simulator.parallel import Layout
+from simulator.parallel import Layout, RunConfig
 from simulator.scenario import SimInputs
 from simulator.stagecost import BlockTimes, block_times, chunk_params, shard_kernels
+
+
+def tp_bw_exposed_s(bt: BlockTimes, lc: LayerComm, run: RunConfig) -> float:
+    """Exposed backward TP communication of one layer (module docstring)."""
+    if not run.tp_comm_overlap or run.tp == 1 or not bt.col_wgrad_s:
+        return lc.tp_bw_s
+    pairs = zip(bt.col_dgrad_s, bt.col_wgrad_s, strict=True)
+    if run.sequence_parallel:
+        hidden = sum(max(0.0, lc.tp_ag_s - d) + max(0.0, lc.tp_rs_s - w) for d, w in pairs)
+        return 2 * lc.tp_ag_s + hidden
+    return sum(max(0.0, lc.tp_ar_s - w) for _, w in pairs)
 
 
 def _chunk_cost(
@@ -34,7 +53,7 @@ def _chunk_cost(
         fw_compute_s=fw,
         bw_compute_s=bw,
         fw_tp_s=layers * lc.tp_fw_s + (lc.tp_embed_s if first else 0.0),
-        bw_tp_s=layers * (lc.tp_bw_s + (lc.tp_fw_s if full else 0.0)),
+        bw_tp_s=layers * (tp_bw_exposed_s(bt, lc, run) + (lc.tp_fw_s if full else 0.0)),
         fw_ep_s=layers * lc.ep_fw_s,
         bw_ep_s=layers * (lc.ep_bw_s + (lc.ep_fw_s if full else 0.0)),
         fw_cp_s=layers * max(0.0, lc.cp_fw_s - bt.attention_fw_s),

@@ -1,0 +1,179 @@
+"""Mechanics of a step: attention implementation, async TP overlap, pipeline hops, optimizer
+streaming, the ZeRO-3 working set, and how the published runs' stated settings are read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from forecast.kernels import Dtype, OpFamily
+from simulator.comm import collective_s, layer_comm
+from simulator.dist_memory import layer_activation_bytes
+from simulator.dist_validate import published_scenario
+from simulator.models import load_model
+from simulator.parallel import RunConfig
+from simulator.scenario import SimInputs, load_scenario, resolve
+from simulator.simulate import latency_table, layout_of, peak_memory
+from simulator.stagecost import (
+    ADAM_REF,
+    OPTIMIZER_BYTES_PER_PARAM,
+    block_times,
+    shard_kernels,
+)
+from simulator.stepcosts import tp_bw_exposed_s
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "scenarios" / "tiny_gpt_8gpu.toml"
+GPT3 = ROOT / "scenarios" / "gpt3_175b_a100.toml"
+
+
+def _tiny(*sets: str) -> SimInputs:
+    return resolve(load_scenario(TINY, overrides=sets))
+
+
+def _softmax_dims(inputs: SimInputs, run: RunConfig) -> list[tuple[int, ...]]:
+    sk = shard_kernels(inputs, run)
+    return [k.dims for k, _ in sk.layer_fw if k.family is OpFamily.SOFTMAX]
+
+
+def test_attention_auto_is_flash_in_16_bit_and_unfused_in_fp32() -> None:
+    assert _tiny().attention == "flash"
+    assert _tiny("training.dtype='fp32'").attention == "unfused"
+    assert _tiny("training.attention='unfused'").attention == "unfused"
+    assert _tiny("training.framework='hf-eager'").attention == "unfused"
+
+
+def test_unfused_attention_materialises_the_scores() -> None:
+    run = RunConfig(tp=2, micro_batch_size=2)
+    flash, unfused = _tiny(), _tiny("training.attention='unfused'")
+    assert _softmax_dims(flash, run) == []
+    # b * a/t * s rows of s scores: 2 * 8/2 * 128 rows, 128 columns
+    assert _softmax_dims(unfused, run) == [(2 * 4 * 128, 128)]
+    ops = {k.op for k, _ in shard_kernels(unfused, run).attention_fw}
+    assert {"bmm", "softmax", "dropout"} <= ops  # what selective recompute re-runs
+    # the score term of the activation memory appears without flash attention
+    lay = layout_of(flash, RunConfig(tp=2, pp=2, dp=2, micro_batch_size=2))
+    assert layer_activation_bytes(unfused, lay) > layer_activation_bytes(flash, lay)
+
+
+def test_optimizer_streams_the_stated_bytes_per_parameter() -> None:
+    run = RunConfig(tp=2, micro_batch_size=2)
+    per_byte = {}
+    for dtype in ("fp16", "bf16", "fp32"):
+        inputs = _tiny(f"training.dtype='{dtype}'")
+        table = latency_table(inputs, [run])
+        bt = block_times(shard_kernels(inputs, run), table, run)
+        per_byte[dtype] = bt.adam_s_per_param / OPTIMIZER_BYTES_PER_PARAM[Dtype(dtype)]
+        assert per_byte[dtype] == pytest.approx(table[ADAM_REF] / ADAM_REF.bytes())
+    assert OPTIMIZER_BYTES_PER_PARAM[Dtype.FP16] == 54  # fp16: + grad cast, unscale/inf check
+    assert OPTIMIZER_BYTES_PER_PARAM[Dtype.BF16] == 42
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_async_tp_overlap_hides_only_what_the_gemms_cover(sp: bool) -> None:
+    inputs = _tiny()
+    base = RunConfig(tp=2, pp=2, dp=2, micro_batch_size=2, sequence_parallel=sp)
+    lay = layout_of(inputs, base)
+    table = latency_table(inputs, [base])
+    bt = block_times(shard_kernels(inputs, base), table, base)
+    lc = layer_comm(inputs, lay)
+    blocking = tp_bw_exposed_s(bt, lc, base.model_copy(update={"tp_comm_overlap": False}))
+    assert blocking == pytest.approx(lc.tp_bw_s)
+    assert len(bt.col_wgrad_s) == 2  # attention (qkv) and MLP (fc1)
+    if sp:
+        hidden = sum(
+            max(0.0, lc.tp_ag_s - d) + max(0.0, lc.tp_rs_s - w)
+            for d, w in zip(bt.col_dgrad_s, bt.col_wgrad_s, strict=True)
+        )
+        want = 2 * lc.tp_ag_s + hidden
+    else:
+        want = sum(max(0.0, lc.tp_ar_s - w) for w in bt.col_wgrad_s)
+    assert tp_bw_exposed_s(bt, lc, base) == pytest.approx(want)
+    assert tp_bw_exposed_s(bt, lc, base) <= blocking + 1e-15
+
+
+def test_pipeline_hop_gathers_the_activation_over_tp() -> None:
+    inputs = _tiny()
+    for sp in (False, True):
+        run = RunConfig(tp=2, pp=2, dp=2, micro_batch_size=2, sequence_parallel=sp)
+        lay = layout_of(inputs, run)
+        lc = layer_comm(inputs, lay)
+        a = 2 * 128 * 256 * 2  # micro-batch * seq * hidden * bf16
+        send = collective_s("send-recv", a / 2, lay.pp_pair, inputs.cluster)
+        assert lc.pp_hop_s == pytest.approx(send + (0.0 if sp else lc.tp_ag_s))
+
+
+def test_zero3_holds_two_gathered_layers_not_the_whole_model() -> None:
+    sets = ("cluster.num_gpus=384", "run.tp=1", "run.pp=1", "run.dp=384", "run.zero_stage=3")
+    sets += ("run.schedule='1f1b'", "run.virtual_stages=1", "training.global_batch_size=384")
+    inputs = resolve(load_scenario(GPT3, overrides=sets))
+    s = load_scenario(GPT3, overrides=sets)
+    mem = peak_memory(inputs, layout_of(inputs, s.run))
+    m = load_model("gpt3-175b")
+    params = m.num_params()
+    unit = max(m.layer_params(moe=False), m.vocab_size * m.hidden_size)
+    assert mem.weights_bytes == pytest.approx(2 * params / 384 + 2 * 2 * unit, rel=2e-3)
+    assert mem.fits
+
+
+def _row(rid: str, **over: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "id": rid,
+        "group": "B_narayanan2021_megatron_ptdp_a100",
+        "n_layers": 24,
+        "hidden_size": 2304,
+        "n_heads": 24,
+        "n_kv_heads": 24,
+        "ffn_hidden_size": 9216,
+        "vocab_size": 51200,
+        "seq_len": 2048,
+        "global_batch_size": 512,
+        "micro_batch_size": None,
+        "num_gpus": 32,
+        "gpus_per_node": 8,
+        "tp": 1,
+        "pp": 1,
+        "dp": 32,
+        "cp": 1,
+        "sequence_parallel": False,
+        "virtual_pipeline_stages": None,
+        "recompute": "full (activation recomputation)",
+        "optimizer_sharding": "none",
+    }
+    return row | over
+
+
+def test_published_rows_take_the_authors_stated_settings() -> None:
+    # Table 1, 1.7B: micro-batch 16 and PyTorch DDP (buckets overlap the backward pass)
+    run = published_scenario(_row("narayanan21_t1_1.7B_32gpu")).run
+    assert run.micro_batch_size == 16 and run.overlap_grad_reduce and run.buckets > 100
+    assert not run.tp_comm_overlap and run.virtual_stages == 1
+    # Table 2, 530B PTD-P: no script, so Megatron's defaults: plain 1F1B, local DDP
+    big = _row(
+        "narayanan21_t2_ptdp_529.6B_560gpu",
+        n_layers=105,
+        hidden_size=20480,
+        n_heads=128,
+        n_kv_heads=128,
+        ffn_hidden_size=81920,
+        global_batch_size=2240,
+        micro_batch_size=1,
+        num_gpus=560,
+        tp=8,
+        pp=35,
+        dp=2,
+    )
+    run = published_scenario(big).run
+    assert run.virtual_stages == 1 and run.schedule == "1f1b"
+    assert not run.overlap_grad_reduce and run.micro_batch_size == 1
+    # Table 1, 530B: the script's one layer per virtual stage
+    t1_row = {"id": "narayanan21_t1_529.6B_2520gpu", "dp": 9, "num_gpus": 2520}
+    t1 = published_scenario(big | t1_row | {"global_batch_size": 2520}).run
+    assert t1.virtual_stages == 3 and t1.schedule == "1f1b-interleaved"
+    # Korthikanti (2022 code): v from the row, async TP overlap, unfused attention
+    k = _row("korthikanti22_x", group="C_korthikanti2022_selective_recompute_a100")
+    s = published_scenario(k | {"virtual_pipeline_stages": 1, "micro_batch_size": 4})
+    assert s.run.tp_comm_overlap and s.run.micro_batch_size == 4
+    assert s.training.attention == "unfused"
