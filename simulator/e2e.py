@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forecast.gpus import GPUSpec
 from forecast.predict import LatencyModel, LatencyTable, forecast_table
-from simulator.memory import GIB, estimate_memory
+from simulator.memory import GIB, MemoryEstimate, estimate_memory
 from simulator.models import ModelSpec
 from simulator.opgraph import OpGraph, Phase, Workload, build_ops
 
@@ -89,9 +89,21 @@ def predict_run(
 ) -> E2EResult:
     """Forecast one inference pass or training step (optimizer reported apart)."""
     graph = build_ops(model, run)
+    mem = estimate_memory(model, run, gpu)
+    return graph_result(graph, gpu, latency_model, mem, overheads=overheads)
+
+
+def graph_result(
+    graph: OpGraph,
+    gpu: GPUSpec,
+    latency_model: LatencyModel,
+    mem: MemoryEstimate,
+    *,
+    overheads: Overheads = FITTED,
+) -> E2EResult:
+    """Forecast an op graph's kernels and sum them per phase and per family."""
     table = forecast_table(graph.kernels(), gpu, latency_model)
     t = predict_graph(graph, table, overheads)
-    mem = estimate_memory(model, run, gpu)
     fw, bw = t[Phase.FORWARD], t[Phase.BACKWARD]
     return E2EResult(
         e2e_ms=(fw + bw) * 1e3,

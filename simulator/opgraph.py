@@ -2,7 +2,9 @@
 
 `build_ops` looks up the architecture's inventory (one function per architecture and
 framework, in `inventory_hf` and `inventory_megatron`), which lists `FrameworkOp` blocks
-(embedding, one layer, head) with a repeat count. Expansion rules, stated once here:
+(embedding, one layer, head) with a repeat count; `ops_from_blocks` expands blocks from any
+source (an inventory, or `module_trace` of a traced ``nn.Module``). Expansion rules, stated
+once here:
 
 * forward: every block's forward kernels, ``repeat`` times; train-only ops (dropout) only in
   ``train`` mode;
@@ -121,7 +123,7 @@ def _param_shapes(blocks: tuple[Block, ...]) -> list[tuple[tuple[int, int], int]
     return [(shape, b.repeat) for b in blocks for fop in b.ops for shape in fop.params]
 
 
-def optimizer_kernels(model: ModelSpec, run: Workload, blocks: tuple[Block, ...]) -> list[Op]:
+def optimizer_kernels(run: Workload, blocks: tuple[Block, ...]) -> list[Op]:
     """Adam/AdamW: hf-eager = torch foreach AdamW (8 passes of multi-tensor element-wise
     kernels over all parameters); megatron = fused Adam (one pass reading p, g, m, v and
     writing p, m, v: modelled as two ``add`` and one ``copy`` over all parameters)."""
@@ -163,12 +165,16 @@ def _expand(blocks: tuple[Block, ...], run: Workload) -> list[Op]:
     return ops
 
 
-def build_ops(model: ModelSpec, run: Workload) -> OpGraph:
-    """Every kernel of one inference pass (``inf``) or training step (``train``)."""
-    blocks = inventory(model, run)
+def ops_from_blocks(blocks: tuple[Block, ...], run: Workload) -> OpGraph:
+    """Expand blocks into the kernels of one inference pass (``inf``) or training step
+    (``train``): forward, backward with gradient accumulation, optimizer (module docstring)."""
     ops = _expand(blocks, run)
     if run.mode == "train":
-        ops += optimizer_kernels(model, run, blocks)
+        ops += optimizer_kernels(run, blocks)
     fw_host = sum(b.repeat * b.host_ops for b in blocks)
-    graph = OpGraph(tuple(ops), {Phase.FORWARD: fw_host, Phase.BACKWARD: 0, Phase.OPTIMIZER: 0})
-    return graph
+    return OpGraph(tuple(ops), {Phase.FORWARD: fw_host, Phase.BACKWARD: 0, Phase.OPTIMIZER: 0})
+
+
+def build_ops(model: ModelSpec, run: Workload) -> OpGraph:
+    """Every kernel of one inference pass (``inf``) or training step (``train``)."""
+    return ops_from_blocks(inventory(model, run), run)

@@ -98,6 +98,7 @@ ELEMENTWISE_BACKWARD: dict[str, tuple[str, ...]] = {
     "div": ("div", "div", "mul"),
     "divu": ("divu",),
     "powu": ("powu", "mulu", "mul"),
+    "pow": ("pow", "mul", "mul"),  # tensor exponent: dx = y x^(y-1), dy = x^y ln x
     "relu": ("mul",),
     "gelu": ("mul",),
     "tanh": ("mul",),

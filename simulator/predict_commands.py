@@ -1,4 +1,5 @@
-"""``tilesim predict`` (one whole-model run, or a JSONL of runs) and ``tilesim validate e2e``.
+"""``tilesim predict`` (one whole-model run, a JSONL of runs, or a traced ``--module``) and
+``tilesim validate e2e``.
 
 Handlers parse, load, call `e2e.predict_run` or `e2e_validate`, and print.
 """
@@ -14,7 +15,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from forecast.gpus import GPUError, load_gpu
-from forecast.predict import load_latency_model
+from forecast.predict import LatencyModel, load_latency_model
 from forecast.report import update_readme
 from simulator.e2e import FITTED, E2EResult, predict_run
 from simulator.e2e_validate import PreparedRun, load_labels, prepare, rel_errors
@@ -34,6 +35,7 @@ def add_predict_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("--framework", default="hf-eager", help="hf-eager | megatron")
     p.add_argument("--dtype", default="fp32", help="fp32 (tile-mlp); roofline also bf16, ...")
     p.add_argument("--runs", type=Path, help="JSONL, one run per line with the flags' keys")
+    p.add_argument("--module", help="FILE.py:FUNC, FUNC(batch, seq) -> (nn.Module, inputs): traced")
     p.add_argument("--latency-model", default="tile-mlp", help="tile-mlp | roofline")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
     p.add_argument("--json", action="store_true", help="print JSON (one object per run)")
@@ -55,28 +57,55 @@ E2E_END = "<!-- e2e-validation:end -->"
 RUN_KEYS = ("model", "gpu", "batch", "seq", "mode", "framework", "dtype")
 
 
+def _workload(fields: dict[str, Any]) -> Workload:
+    try:
+        return Workload.model_validate(fields)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise ConfigError(f"field {first['loc'][0]!r}: {first['msg']}") from e
+
+
+def _latency_model(kind: str) -> LatencyModel:
+    try:
+        return load_latency_model(kind)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+
+
+def _predict_module(args: argparse.Namespace) -> int:
+    """``--module FILE.py:FUNC``: trace on the meta device, then forecast like a model."""
+    from simulator.module_predict import predict_module
+
+    if args.model is not None or args.runs is not None:
+        raise ConfigError("--module and --model/--runs are mutually exclusive")
+    missing = [f"--{k}" for k in ("gpu", "batch", "seq", "mode") if getattr(args, k) is None]
+    if missing:
+        raise ConfigError(f"--module needs {', '.join(missing)}")
+    run = _workload({"batch": args.batch, "seq": args.seq, "mode": args.mode})
+    gpu = load_gpu(str(args.gpu))
+    out = predict_module(args.module, gpu, run, _latency_model(args.latency_model))
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    _print_result(E2EResult.model_validate({k: v for k, v in out.items() if k != "unmapped_ops"}))
+    unmapped = ", ".join(f"{k} x{n}" for k, n in out["unmapped_ops"].items()) or "none"
+    print(f"unmapped aten ops (priced as copies): {unmapped}")
+    return 0
+
+
 def _run_one(spec: dict[str, Any], args: argparse.Namespace) -> E2EResult:
     unknown = set(spec) - set(RUN_KEYS)
     missing = [k for k in RUN_KEYS[:5] if spec.get(k) is None]
     if unknown or missing:
         bad = f"unknown keys {sorted(unknown)}" if unknown else f"missing {', '.join(missing)}"
         raise ConfigError(f"run {bad}; keys: {', '.join(RUN_KEYS)}")
-    fields = {k: spec[k] for k in RUN_KEYS[2:] if spec.get(k) is not None}
-    try:
-        run = Workload.model_validate(fields)
-    except ValidationError as e:
-        first = e.errors()[0]
-        raise ConfigError(f"field {first['loc'][0]!r}: {first['msg']}") from e
+    run = _workload({k: spec[k] for k in RUN_KEYS[2:] if spec.get(k) is not None})
     model = load_model(str(spec["model"]), data_dir=args.data)
     gpu = load_gpu(str(spec["gpu"]))
-    try:
-        latency_model = load_latency_model(args.latency_model)
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
-    return predict_run(model, gpu, run, latency_model)
+    return predict_run(model, gpu, run, _latency_model(args.latency_model))
 
 
-def _print_result(res: E2EResult, *, as_json: bool) -> None:
+def _print_result(res: E2EResult, *, as_json: bool = False) -> None:
     if as_json:
         print(json.dumps(res.model_dump()))
         return
@@ -87,6 +116,8 @@ def _print_result(res: E2EResult, *, as_json: bool) -> None:
 
 
 def _predict(args: argparse.Namespace) -> int:
+    if args.module is not None:
+        return _predict_module(args)
     if args.runs is None:
         spec = {k: getattr(args, k) for k in RUN_KEYS}
         _print_result(_run_one(spec, args), as_json=args.json)

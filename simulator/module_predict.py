@@ -1,0 +1,121 @@
+"""``tilesim predict --module FILE.py:FUNC``: load a user's builder, trace it, forecast it.
+
+``FUNC(batch, seq)`` returns ``(module, args)``; it runs under ``torch.device("meta")``, so
+building even a large model allocates nothing. The traced blocks (`module_trace`) go through
+the same expansion (`opgraph.ops_from_blocks`) and forecast (`e2e.graph_result`) as the
+analytic builders. Every failure of the user's code becomes one `ConfigError` line.
+
+Memory estimate (the analytic builders' closed form needs a `ModelSpec`, which a module lacks):
+
+* weights: the module's parameter bytes; training adds gradients (same bytes) and Adam
+  (two fp32 moments, plus an fp32 master copy when parameters are 16-bit);
+* activations, training: the bytes written by every forward kernel (views excluded), all kept
+  for the backward pass: an upper bound, since autograd keeps only the tensors it needs;
+* activations, inference: twice the largest single kernel output (one op's input and output
+  alive at once; everything else is freed as the forward goes).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from forecast.gpus import GPUSpec
+from forecast.kernels import ITEMSIZE_BYTES
+from forecast.predict import LatencyModel
+from simulator.e2e import graph_result
+from simulator.errors import ConfigError
+from simulator.memory import MemoryEstimate
+from simulator.opgraph import Workload, ops_from_blocks
+
+if TYPE_CHECKING:
+    from simulator.module_trace import ModuleTrace
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def load_builder(spec: str) -> Callable[..., Any]:
+    """The function ``FUNC`` of ``FILE.py:FUNC``."""
+    path_text, sep, name = spec.rpartition(":")
+    if not sep or not path_text or not name:
+        raise ConfigError(f"--module takes FILE.py:FUNC, got {spec!r}")
+    path = Path(path_text)
+    if not path.is_file():
+        raise ConfigError(f"module file {path} does not exist")
+    mod_name = f"tilesim_module_{path.stem}"
+    loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise ConfigError(f"cannot import {path}: not a Python file")
+    mod = importlib.util.module_from_spec(loader_spec)
+    sys.modules[mod_name] = mod  # dataclasses in the file look their module up here
+    try:
+        loader_spec.loader.exec_module(mod)
+    except Exception as e:
+        raise ConfigError(f"cannot import {path}: {_first_line(e)}") from e
+    fn = getattr(mod, name, None)
+    if not callable(fn):
+        raise ConfigError(f"{path} has no function {name!r}")
+    return fn
+
+
+def trace_builder(spec: str, run: Workload) -> ModuleTrace:
+    """Call ``FUNC(batch, seq)`` on the meta device and trace the module's forward."""
+    import torch
+
+    from simulator.module_trace import trace_module
+
+    fn = load_builder(spec)
+    call = f"{spec.rpartition(':')[2]}({run.batch}, {run.seq})"
+    try:
+        with torch.device("meta"):
+            built = fn(run.batch, run.seq)
+    except Exception as e:
+        raise ConfigError(f"{call} raised {_first_line(e)}") from e
+    ok = isinstance(built, tuple) and len(built) == 2
+    if not ok or not isinstance(built[0], torch.nn.Module) or not isinstance(built[1], tuple):
+        raise ConfigError(f"{call} must return (nn.Module, tuple of inputs), got {type(built)}")
+    try:
+        with torch.device("meta"):
+            return trace_module(built[0], built[1], train=run.mode == "train")
+    except Exception as e:
+        raise ConfigError(f"forward of {call} raised {_first_line(e)}") from e
+
+
+def module_memory(trace: ModuleTrace, run: Workload, gpu: GPUSpec) -> MemoryEstimate:
+    """Weights, gradients, Adam state and activations (module docstring)."""
+    weights = float(trace.param_bytes)
+    if run.mode == "train":
+        grads = weights
+        master = 4.0 * trace.num_params if ITEMSIZE_BYTES[trace.dtype] < 4 else 0.0
+        optim = 8.0 * trace.num_params + master
+        acts = float(trace.kernel_out_bytes)
+    else:
+        grads = optim = 0.0
+        acts = 2.0 * trace.largest_out_bytes
+    total = weights + grads + optim + acts
+    return MemoryEstimate(
+        weights_bytes=weights,
+        gradients_bytes=grads,
+        optimizer_bytes=optim,
+        activations_bytes=acts,
+        total_bytes=total,
+        hbm_bytes=gpu.hbm_bytes,
+        fits=total <= gpu.hbm_bytes,
+    )
+
+
+def predict_module(
+    spec: str, gpu: GPUSpec, run: Workload, latency_model: LatencyModel
+) -> dict[str, Any]:
+    """The ``tilesim predict`` keys for a traced module, plus ``unmapped_ops``."""
+    trace = trace_builder(spec, run)
+    run = run.model_copy(update={"dtype": trace.dtype})
+    graph = ops_from_blocks(trace.blocks, run)
+    res = graph_result(graph, gpu, latency_model, module_memory(trace, run, gpu))
+    return {**res.model_dump(), "unmapped_ops": trace.unmapped}
