@@ -67,7 +67,7 @@ class TileMLPModel:
             if dtype is not Dtype.FP32:
                 raise ModelError(
                     f"tile-mlp is trained on fp32 kernels only, not {dtype.value}; "
-                    "use --model roofline for other dtypes"
+                    "use the auto latency model (tensor-core dtypes) or roofline for other dtypes"
                 )
             out[idx] = self._predict_family(family, batch, gpu)
         return out

@@ -33,10 +33,14 @@ def add_predict_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("--seq", type=int, help="tokens per sequence")
     p.add_argument("--mode", choices=["inf", "train"], help="inference pass or training step")
     p.add_argument("--framework", default="hf-eager", help="hf-eager | megatron")
-    p.add_argument("--dtype", default="fp32", help="fp32 (tile-mlp); roofline also bf16, ...")
+    p.add_argument("--dtype", default="fp32", help="fp32, tf32, bf16, fp16, fp8")
     p.add_argument("--runs", type=Path, help="JSONL, one run per line with the flags' keys")
     p.add_argument("--module", help="FILE.py:FUNC, FUNC(batch, seq) -> (nn.Module, inputs): traced")
-    p.add_argument("--latency-model", default="tile-mlp", help="tile-mlp | roofline")
+    p.add_argument(
+        "--latency-model",
+        default="auto",
+        help="auto (tile-mlp for fp32, tensor-core model otherwise) | tile-mlp | roofline",
+    )
     p.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
     p.add_argument("--json", action="store_true", help="print JSON (one object per run)")
     p.set_defaults(handler=_predict)
