@@ -41,6 +41,8 @@ GEMM_FEATURES = (
     "log10_base_us",
     "log2_gpu_watts_per_lane_ghz",
 )
+# bmm: the power feature per process-node-scaled lane (see `gpu_features`)
+BMM_FEATURES = (*GEMM_FEATURES[:-1], "log2_gpu_node_watts_per_lane_ghz")
 ROW_FEATURES = (
     "log2_compute_over_memory",
     "log2_blocks_per_sm",
@@ -59,6 +61,8 @@ ROW_FEATURES = (
 
 def feature_names(family: OpFamily) -> tuple[str, ...]:
     """Names of the feature columns of a family, in order."""
+    if family is OpFamily.BMM:
+        return BMM_FEATURES
     return GEMM_FEATURES if family in GEMM_FAMILIES else ROW_FEATURES
 
 
@@ -88,6 +92,11 @@ def gemm_rate_flops_per_s(gpu: GPUSpec, dtype: Dtype) -> float:
     return gpu.peak_for(dtype) / gpu.num_sms
 
 
+# Switching energy per operation shrinks roughly with the process node; bmm's power feature
+# counts watts per lane-GHz in 12 nm-equivalents (the training GPUs span 16, 12 and 7 nm).
+_REF_NODE_NM = 12.0
+
+
 def gpu_features(gpu: GPUSpec, family: OpFamily) -> F64:
     """The GPU's own features (same for every kernel on it), last in a family's columns.
 
@@ -96,9 +105,16 @@ def gpu_features(gpu: GPUSpec, family: OpFamily) -> F64:
     the training GPUs); it was chosen by leave-one-GPU-out (element-wise 16.8 -> 11.4%, layer
     norm 14.4 -> 11.3%) and left out of GEMMs, where it made that error worse (linear 27.0 ->
     65.0%).
+
+    For bmm the watts are scaled by 12 nm / the die's process node (energy per operation
+    shrinks with the node, so a 72 W 5 nm L4 is less power-starved than a 70 W 12 nm T4):
+    leave-one-GPU-out bmm 24.7 -> 16.9%. The same scaling for linear was rejected (27.0 ->
+    31.0%: P4 held out 15 -> 73%), as was using no power feature for the row families.
     """
     lanes_ghz = gpu.num_sms * gpu.fp32_dedicated_lanes_per_sm * gpu.boost_clock_hz / 1e9
     watts = gpu.tdp_w if gpu.tdp_w is not None else 2.5e-2 * lanes_ghz
+    if family is OpFamily.BMM and gpu.process_nm is not None:
+        watts *= _REF_NODE_NM / gpu.process_nm
     if family in GEMM_FAMILIES:
         return np.array([np.log2(watts / lanes_ghz)])
     hbm = 1.0 if gpu.memory_type.upper().startswith("HBM") else 0.0

@@ -34,6 +34,9 @@ class GPUSpec(BaseModel):
     vendor: str
     architecture: str
     compute_capability: str = Field(description="NVIDIA sm version ('8.0') or AMD ISA ('gfx90a')")
+    process_nm: float | None = Field(
+        default=None, gt=0, description="process node of the GPU die, nm class (TSMC 4N: 5)"
+    )
     num_sms: int = Field(gt=0, description="SMs (NVIDIA) or compute units (AMD)")
     fp32_lanes_per_sm: int = Field(gt=0, description="FP32 FMA lanes per SM or CU")
     fp32_dedicated_lanes_per_sm: int = Field(
@@ -126,6 +129,7 @@ def _with_catalog_facts(spec: GPUSpec) -> GPUSpec:
             "id": cat.id,
             "architecture": cat.architecture,
             "compute_capability": cat.compute_capability,
+            "process_nm": cat.process_nm,
             "fp32_dedicated_lanes_per_sm": min(
                 spec.fp32_lanes_per_sm, cat.fp32_dedicated_lanes_per_sm
             ),

@@ -80,6 +80,13 @@ def test_neusight_sheet_agrees_with_catalog_on_a100_pcie_80gb() -> None:
     sheet = load_gpu(path)
     assert sheet.id == "a100-pcie-80gb"
     assert sheet.num_sms == load_gpu("a100-pcie-80gb").num_sms
+    assert sheet.process_nm == load_gpu("a100-pcie-80gb").process_nm == 7
+
+
+@pytest.mark.parametrize("gpu_id", list_gpus())
+def test_every_catalog_gpu_names_its_process_node(gpu_id: str) -> None:
+    # bmm's power feature scales by it; a GPU without it would be read as a 12 nm die
+    assert load_gpu(gpu_id).process_nm in {5, 6, 7, 12, 16}
 
 
 @pytest.mark.parametrize("gpu_id", list_gpus())

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from forecast.gpus import GPUSpec
+from forecast.features import gpu_features
+from forecast.gpus import GPUSpec, load_gpu
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from forecast.predict import ModelError, forecast_table, load_latency_model
 from forecast.roofline import RooflineModel
@@ -116,3 +117,11 @@ def test_training_is_deterministic_bit_for_bit() -> None:
     b = fit_mlp(x, y, np.ones(len(x)), epochs=3, seed=7)
     for (name, ta), tb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         assert torch.equal(ta, tb), name
+
+
+def test_bmm_power_feature_counts_the_process_node() -> None:
+    # a 72 W 5 nm L4 is less power-starved per lane-GHz than a 70 W 12 nm T4 for bmm;
+    # linear keeps the raw watts, where the L4 reads as the more starved card
+    l4, t4 = load_gpu("l4"), load_gpu("t4")
+    assert gpu_features(l4, OpFamily.BMM)[-1] > gpu_features(t4, OpFamily.BMM)[-1]
+    assert gpu_features(l4, OpFamily.LINEAR)[-1] < gpu_features(t4, OpFamily.LINEAR)[-1]
