@@ -9,7 +9,9 @@ import argparse
 import json
 from pathlib import Path
 
+from forecast.report import update_readme
 from simulator.dist_validate import Check, check_labels, check_published, markdown
+from simulator.errors import ConfigError
 from simulator.scenario import load_scenario, resolve
 from simulator.simulate import latency_table, simulate_timeline
 from simulator.trace import write_trace
@@ -37,7 +39,12 @@ def add_validate_distributed(vs: argparse._SubParsersAction[argparse.ArgumentPar
     d = vs.add_parser("distributed", help="distributed step vs A100 4-GPU labels, published runs")
     d.add_argument("--latency-model", default="auto", help="auto | roofline-derated | ...")
     d.add_argument("--labels-only", action="store_true", help="skip the published runs")
+    d.add_argument("--readme", type=Path, default=None, help="rewrite the README's table")
     d.set_defaults(handler=_validate_distributed)
+
+
+DIST_BEGIN = "<!-- dist-validation:begin -->"
+DIST_END = "<!-- dist-validation:end -->"
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -66,11 +73,16 @@ def _validate_distributed(args: argparse.Namespace) -> int:
     checks = check_labels(latency_model=args.latency_model)
     if not args.labels_only:
         checks += check_published(latency_model=args.latency_model)
-    print(markdown(checks))
+    text = markdown(checks)
     pub = [c for c in checks if c.metric != "fw+bw s"]
     if pub:
-        print("\n" + _summary("published runs", pub))
-        print(_summary("without DeepSpeed ZeRO-3 rows", [c for c in pub if "zero3" not in c.name]))
+        text += "\n\n" + _summary("published runs", pub) + "\n"
+        text += _summary("without DeepSpeed ZeRO-3 rows", [c for c in pub if "zero3" not in c.name])
+    if args.readme is not None:
+        if args.labels_only:
+            raise ConfigError("--readme needs the published runs too; drop --labels-only")
+        update_readme(args.readme, text, begin=DIST_BEGIN, end=DIST_END)
+    print(text)
     return 0
 
 
