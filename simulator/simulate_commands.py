@@ -70,6 +70,8 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _validate_distributed(args: argparse.Namespace) -> int:
+    if args.readme is not None and args.labels_only:
+        raise ConfigError("--readme needs the published runs too; drop --labels-only")
     checks = check_labels(latency_model=args.latency_model)
     if not args.labels_only:
         checks += check_published(latency_model=args.latency_model)
@@ -79,8 +81,6 @@ def _validate_distributed(args: argparse.Namespace) -> int:
         text += "\n\n" + _summary("published runs", pub) + "\n"
         text += _summary("without DeepSpeed ZeRO-3 rows", [c for c in pub if "zero3" not in c.name])
     if args.readme is not None:
-        if args.labels_only:
-            raise ConfigError("--readme needs the published runs too; drop --labels-only")
         update_readme(args.readme, text, begin=DIST_BEGIN, end=DIST_END)
     print(text)
     return 0

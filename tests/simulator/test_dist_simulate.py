@@ -148,3 +148,15 @@ def test_check_run_checks_interleaving(tiny: SimInputs) -> None:
     run = RunConfig(tp=2, pp=2, dp=2, virtual_stages=2, schedule="1f1b")
     with pytest.raises(ConfigError, match="virtual_stages"):
         check_run(run, tiny.model, num_gpus=8, global_batch_size=16, seq_len=128)
+
+
+def test_validate_distributed_readme_needs_markers_and_published_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# no markers here\n")
+    argv = ["validate", "distributed", "--labels-only", "--readme", str(readme)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--labels-only" in err[0]
+    assert readme.read_text() == "# no markers here\n"
