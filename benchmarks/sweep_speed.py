@@ -3,12 +3,14 @@
 Run: ``python benchmarks/sweep_speed.py [--workers 2]``. Prints layouts per second.
 Targets (issue: parallelism sweeps): screen >= 1,000 layouts/s per core; full simulation of
 the top candidates >= 20/s per core; Ray with 2 workers >= 1.6x the serial rate on a sweep
-of a few thousand layouts. Ray start-up is timed separately (a warm-up task), not in rates.
+of a few thousand layouts (printed for the screen alone, the simulation alone, and both tiers
+as `tilesim sweep` runs them). Ray start-up is timed separately (a warm-up), not in rates.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import time
 from collections.abc import Sequence
 
@@ -107,17 +109,60 @@ def main() -> None:
     few = pts[:: max(1, len(pts) // args.ray_layouts)][: args.ray_layouts]
     t0 = time.perf_counter()
     with ray_session("ray", RayOptions(workers=args.workers)):
-        run_sweep("screen", few[:10], shared, executor="ray", chunk_size=5)  # warm-up
+        # warm every worker (imports, first task) before timing: 8 small tasks
+        run_sweep("screen", few[:40], shared, executor="ray", chunk_size=5)
         print(f"ray start-up and warm-up: {time.perf_counter() - t0:.1f} s")
         ray_screen = _rate("screen", few, shared, "ray", 250)
         ray_sim = _rate("simulate", sim_pts, lshared, "ray", 2)
+        ray_sweep = _two_tier_s(few, shared, "ray")
     serial_few = _rate("screen", few, shared, "serial", 250)
+    _clear_graph_caches()
+    serial_sweep = _two_tier_s(few, shared, "serial")
     print(
         f"screen, {len(few)} layouts: serial {serial_few:,.0f}/s, Ray x{args.workers} "
         f"{ray_screen:,.0f}/s ({ray_screen / serial_few:.2f}x)"
     )
     speedup = ray_sim / sim
     print(f"simulate, {len(sim_pts)} layouts: Ray x{args.workers} {ray_sim:.1f}/s ({speedup:.2f}x)")
+    print(
+        f"sweep of {len(few)} layouts as `tilesim sweep` runs it (screen all, simulate the top "
+        f"48 + 2 per cluster size): serial {serial_sweep:.2f} s, Ray x{args.workers} "
+        f"{ray_sweep:.2f} s ({serial_sweep / ray_sweep:.2f}x)"
+    )
+    ceiling = machine_parallel_ceiling(args.workers)
+    print(f"this machine: {args.workers} processes of pure Python run {ceiling:.2f}x one (ceiling)")
+
+
+def _burn(n: int) -> float:
+    total = 0
+    for i in range(n):
+        total += i * i
+    return float(total)
+
+
+def machine_parallel_ceiling(workers: int, n: int = 10_000_000) -> float:
+    """How much faster ``workers`` processes burn independent pure-Python loops than one:
+    the most any executor can gain on this machine (a shared VM's cores are not all free)."""
+    t0 = time.perf_counter()
+    for _ in range(workers):
+        _burn(n)
+    serial = time.perf_counter() - t0
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        pool.map(_burn, [1000] * workers)
+        t0 = time.perf_counter()
+        pool.map(_burn, [n] * workers)
+        parallel = time.perf_counter() - t0
+    return serial / parallel
+
+
+def _two_tier_s(points: Sequence[Point], shared: Shared, executor: Executor) -> float:
+    """Seconds for both tiers of a sweep (graph caches cold in every process that simulates)."""
+    t0 = time.perf_counter()
+    screened = run_sweep("screen", points, shared, executor=executor, chunk_size=250)
+    keys = set(select_candidates(screened, top=48, per_context=2))
+    top = [p for p in points if p.key(shared.contexts[p.context].id) in keys]
+    run_sweep("simulate", top, shared, executor=executor, chunk_size=4)
+    return time.perf_counter() - t0
 
 
 if __name__ == "__main__":

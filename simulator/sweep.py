@@ -148,6 +148,20 @@ def evaluate_chunk(tier: Tier, points: Sequence[Point], shared: Shared) -> list[
     return rows
 
 
+def _shape_key(p: Point) -> tuple[int, str, int, int, int, int, bool]:
+    """What a layout's execution-graph shape depends on (micro-batches follow from dp and the
+    micro-batch size in one context)."""
+    return (
+        p.context,
+        p.schedule,
+        p.pp,
+        p.virtual_stages,
+        p.dp,
+        p.micro_batch_size,
+        p.zero_stage == 3,
+    )
+
+
 def _chunks(points: Sequence[Point], size: int) -> list[Sequence[Point]]:
     return [points[i : i + size] for i in range(0, len(points), size)]
 
@@ -240,6 +254,10 @@ def run_sweep(
         if on_rows is not None:
             on_rows(rows)
 
+    if tier == "simulate":
+        # Layouts of one graph shape side by side: a worker then builds each shape's graph
+        # once (`execgraph.exec_graph` caches it per process). Rows are sorted at the end.
+        points = sorted(points, key=_shape_key)
     chunks = _chunks(points, max(1, chunk_size))
     if executor == "serial":
         for c in chunks:
