@@ -42,27 +42,38 @@ def layer_activation_bytes(model: ModelSpec, run: Workload) -> float:
     return s * b * h * per_token * ITEMSIZE_BYTES[run.dtype] / 2.0
 
 
-def estimate_memory(model: ModelSpec, run: Workload, gpu: GPUSpec) -> MemoryEstimate:
-    """Weights, gradients, Adam state and activations of one training step or inference."""
-    n = float(model.num_params())
-    item = ITEMSIZE_BYTES[run.dtype]
-    logits = float(run.tokens * model.vocab_size * item)
-    weights = n * item
-    if run.mode == "train":
-        grads = n * item
-        master = 0.0 if item == 4 else 4.0 * n
-        optim = 8.0 * n + master
-        acts = model.total_layers * layer_activation_bytes(model, run) + 2.0 * logits
+def step_memory(
+    *, num_params: float, item_bytes: float, train: bool, activations_bytes: float, gpu: GPUSpec
+) -> MemoryEstimate:
+    """Weights, and when training gradients plus Adam state (two fp32 moments, and an fp32
+    master copy for 16-bit types), plus the given activations, against the GPU's memory."""
+    weights = num_params * item_bytes
+    if train:
+        grads = weights
+        master = 0.0 if item_bytes == 4 else 4.0 * num_params
+        optim = 8.0 * num_params + master
     else:
         grads = optim = 0.0
-        acts = 2.0 * layer_activation_bytes(model, run) + logits
-    total = weights + grads + optim + acts
+    total = weights + grads + optim + activations_bytes
     return MemoryEstimate(
         weights_bytes=weights,
         gradients_bytes=grads,
         optimizer_bytes=optim,
-        activations_bytes=acts,
+        activations_bytes=activations_bytes,
         total_bytes=total,
         hbm_bytes=gpu.hbm_bytes,
         fits=total <= gpu.hbm_bytes,
     )
+
+
+def estimate_memory(model: ModelSpec, run: Workload, gpu: GPUSpec) -> MemoryEstimate:
+    """Weights, gradients, Adam state and activations of one training step or inference."""
+    item = ITEMSIZE_BYTES[run.dtype]
+    logits = float(run.tokens * model.vocab_size * item)
+    train = run.mode == "train"
+    if train:
+        acts = model.total_layers * layer_activation_bytes(model, run) + 2.0 * logits
+    else:
+        acts = 2.0 * layer_activation_bytes(model, run) + logits
+    n = float(model.num_params())
+    return step_memory(num_params=n, item_bytes=item, train=train, activations_bytes=acts, gpu=gpu)

@@ -28,7 +28,7 @@ from forecast.kernels import ITEMSIZE_BYTES
 from forecast.predict import LatencyModel
 from simulator.e2e import graph_result
 from simulator.errors import ConfigError
-from simulator.memory import MemoryEstimate
+from simulator.memory import MemoryEstimate, step_memory
 from simulator.opgraph import Workload, ops_from_blocks
 
 if TYPE_CHECKING:
@@ -89,25 +89,11 @@ def trace_builder(spec: str, run: Workload) -> ModuleTrace:
 
 def module_memory(trace: ModuleTrace, run: Workload, gpu: GPUSpec) -> MemoryEstimate:
     """Weights, gradients, Adam state and activations (module docstring)."""
-    weights = float(trace.param_bytes)
-    if run.mode == "train":
-        grads = weights
-        master = 4.0 * trace.num_params if ITEMSIZE_BYTES[trace.dtype] < 4 else 0.0
-        optim = 8.0 * trace.num_params + master
-        acts = float(trace.kernel_out_bytes)
-    else:
-        grads = optim = 0.0
-        acts = 2.0 * trace.largest_out_bytes
-    total = weights + grads + optim + acts
-    return MemoryEstimate(
-        weights_bytes=weights,
-        gradients_bytes=grads,
-        optimizer_bytes=optim,
-        activations_bytes=acts,
-        total_bytes=total,
-        hbm_bytes=gpu.hbm_bytes,
-        fits=total <= gpu.hbm_bytes,
-    )
+    train = run.mode == "train"
+    acts = float(trace.kernel_out_bytes) if train else 2.0 * trace.largest_out_bytes
+    n = float(trace.num_params)
+    item = trace.param_bytes / n if n else float(ITEMSIZE_BYTES[trace.dtype])
+    return step_memory(num_params=n, item_bytes=item, train=train, activations_bytes=acts, gpu=gpu)
 
 
 def predict_module(
