@@ -2,7 +2,8 @@
 
 Same inputs as `simulate` (kernel table, `topologies` collective costs, `dist_memory`), but
 no execution graph. With ``T`` the slowest stage's time for one micro-batch through all its
-chunks (layer forward + backward + recompute + blocking TP/EP/CP communication, plus the
+chunks (layer forward + backward + recompute + exposed TP/EP/CP communication, as `stepcosts`
+prices it, plus the
 embedding and head on the stages that hold them), ``m`` micro-batches and ``v`` chunks:
 
     forward-backward = T * (m + (pp - 1) / v) + 2 * hops * hop_s
@@ -37,7 +38,7 @@ from simulator.parallel import Layout, RunConfig
 from simulator.scenario import SimInputs
 from simulator.simulate import layout_of
 from simulator.stagecost import BlockTimes, block_times, shard_kernels
-from simulator.stepcosts import stage_params
+from simulator.stepcosts import stage_params, tp_bw_exposed_s
 
 
 def in_flight_closed(schedule: str, pp: int, m: int, v: int, stage: int) -> int:
@@ -100,7 +101,7 @@ def _stage_mb_s(cache: ScreenCache, layout: Layout) -> list[float]:
     bt, lc = cache.block(run), cache.layer(layout)
     full = run.recompute == "full"
     redo = {"none": 0.0, "selective": bt.attention_fw_s, "full": bt.layer_fw_s}[run.recompute]
-    layer = bt.layer_fw_s + bt.layer_bw_s + redo + lc.tp_fw_s + lc.tp_bw_s
+    layer = bt.layer_fw_s + bt.layer_bw_s + redo + lc.tp_fw_s + tp_bw_exposed_s(bt, lc, run)
     layer += (lc.tp_fw_s + lc.ep_fw_s) if full else 0.0
     layer += lc.ep_fw_s + lc.ep_bw_s
     layer += max(0.0, lc.cp_fw_s - bt.attention_fw_s)
