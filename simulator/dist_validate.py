@@ -83,9 +83,11 @@ def label_scenario(layout: str, *, latency_model: str = "auto") -> Scenario:
     return parse_scenario(raw, source=f"label {layout}", base_dir=Path("."))
 
 
+# Megatron-LM of 2021-22 sends pipeline activations and gradients synchronously (p2p
+# overlap with compute came later, as an option for interleaved schedules).
 SOURCE_RUN: dict[str, dict[str, Any]] = {
-    "B_narayanan2021": {"tp_comm_overlap": False},
-    "C_korthikanti2022": {"tp_comm_overlap": True},
+    "B_narayanan2021": {"tp_comm_overlap": False, "pp_blocking_sends": True},
+    "C_korthikanti2022": {"tp_comm_overlap": True, "pp_blocking_sends": True},
 }
 
 

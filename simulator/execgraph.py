@@ -33,7 +33,8 @@ reduction, reductions to the optimizer). A data edge between pipeline stages car
 point-to-point send-recv (``comm="pp"``, cost key in ``delay``): the activation (forward) or
 gradient (backward) leaving virtual stage ``vs`` for micro-batch ``i``; the receiver starts
 that long after the sender ends. Sends are latency, not a contended stream, so they need no
-node of their own, which halves the graph of a deep pipeline.
+node of their own, which halves the graph of a deep pipeline. With ``blocking_sends`` the
+stream edge after a sending task carries the same delay (the stage waits for its send).
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class StepCosts:
     param_gather_s: tuple[float, ...]  # per stage, after the optimizer
     overlap_grad_reduce: bool = True
     buckets: int = 1
+    blocking_sends: bool = False
 
     @property
     def pp(self) -> int:
@@ -135,6 +137,7 @@ class Shape:
     overlap_grad_reduce: bool
     zero3: tuple[bool, ...]  # per stage: ZeRO-3 gathers and scatters present
     param_gather: tuple[bool, ...]  # per stage: parameter all-gather after the optimizer
+    blocking_sends: bool = False  # a send holds its stage's compute stream
 
     @classmethod
     def of(cls, costs: StepCosts) -> Shape:
@@ -149,6 +152,7 @@ class Shape:
             overlap_grad_reduce=overlap,
             zero3=tuple(any(c.zero3_gather_s > 0 for c in row) for row in costs.chunks),
             param_gather=tuple(t > 0 for t in costs.param_gather_s),
+            blocking_sends=costs.blocking_sends,
         )
 
 
@@ -226,6 +230,22 @@ def _add_stage_tasks(
         ends[(slot.phase, s, slot.chunk, slot.micro)] = (nodes[-n][0], nodes[-1][0])
     g.add_nodes_from(nodes)
     _chain(g, [node for node, _ in nodes])
+    if shape.blocking_sends:
+        _block_on_sends(g, shape, s, order, ends)
+
+
+def _block_on_sends(
+    g: nx.DiGraph, shape: Shape, s: int, order: Sequence[Slot], ends: dict[Node, Ends]
+) -> None:
+    """A task that sends (a forward below the last virtual stage, a backward above the first)
+    holds the compute stream for the send: its stream edge to the next task gets the delay."""
+    last_vs = shape.pp * shape.v - 1
+    for slot, nxt in itertools.pairwise(order):
+        vs = slot.chunk * shape.pp + s
+        if (vs < last_vs) if slot.phase == "F" else (vs > 0):
+            src = ends[(slot.phase, s, slot.chunk, slot.micro)][1]
+            dst = ends[(nxt.phase, s, nxt.chunk, nxt.micro)][0]
+            g.add_edge(src, dst, dep="stream", comm="pp", delay=PP_HOP)
 
 
 def _chain(g: nx.DiGraph, nodes: list[Node]) -> None:

@@ -44,6 +44,11 @@ class RunConfig(BaseModel):
         description="backward TP collectives of the column-parallel linears overlap their "
         "GEMMs (Megatron-LM's async TP communication, on by default since late 2021)",
     )
+    pp_blocking_sends: bool = Field(
+        default=False,
+        description="pipeline send-recvs hold the sending stage's compute stream until they "
+        "finish (Megatron-LM's synchronous p2p of 2021-22); false: sends overlap compute",
+    )
     overlap_param_gather: bool = False
     buckets: int = Field(default=4, gt=0, description="DP gradient buckets per model chunk")
 

@@ -156,6 +156,8 @@ def screen(cache: ScreenCache, run: RunConfig) -> Screened:
     lc = cache.layer(layout)
     per_mb = _stage_mb_s(cache, layout)
     m, v, pp = layout.num_micro_batches, layout.chunks, run.pp
+    if run.pp_blocking_sends and pp > 1:  # each chunk's forward and backward wait on a send
+        per_mb = [t + 2 * v * lc.pp_hop_s for t in per_mb]
     # Hops: the fill and drain cross every boundary; 1F1B's steady state waits one round
     # way per micro-batch when compute is short (GPipe streams its forwards).
     hops = pp * v - 1 + ((m - 1) / 2 if pp > 1 and run.schedule != "gpipe" else 0)

@@ -99,6 +99,7 @@ def step_costs(inputs: SimInputs, layout: Layout, table: LatencyTable) -> StepCo
         param_gather_s=tuple(gather),
         overlap_grad_reduce=run.overlap_grad_reduce,
         buckets=run.buckets,
+        blocking_sends=run.pp_blocking_sends and pp > 1,
     )
 
 

@@ -42,7 +42,7 @@ def chrome_trace(timeline: Timeline) -> dict[str, Any]:
             }
         )
     for (src, dst), e in timeline.graph.edges.items():
-        delay = step.delay_s(src, dst) if "comm" in e else 0.0
+        delay = step.delay_s(src, dst) if "comm" in e and e["dep"] == "data" else 0.0
         if delay > 0:
             events.append(
                 {

@@ -99,3 +99,14 @@ def test_layouts_of_one_shape_share_the_frozen_graph() -> None:
     assert tb.makespan_s == pytest.approx(2 * ta.makespan_s)
     assert ga.duration_s(("F", 0, 0, 0, 0)) == 1.0
     assert gb.duration_s(("F", 0, 0, 0, 0)) == 2.0
+
+
+@pytest.mark.parametrize("hop", [0.0, 0.25])
+def test_blocking_sends_hold_the_stage(hop: float) -> None:
+    """GPipe, 2 stages, 2 micro-batches, F = 1, B = 2: sends overlapped end at 9 + 2h; when a
+    send holds its stage (Megatron-LM's synchronous p2p) the chain gains two more hops."""
+    base = replace(_uniform(2, 2, 1, "gpipe", hop), overlap_grad_reduce=False)
+    free = schedule(build_exec_graph(base))
+    held = schedule(build_exec_graph(replace(base, blocking_sends=True)))
+    assert free.makespan_s == pytest.approx(9.0 + 2 * hop)
+    assert held.makespan_s == pytest.approx(9.0 + 4 * hop)
