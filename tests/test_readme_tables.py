@@ -1,0 +1,37 @@
+"""The README's validation tables are the output of the commands that generate them, not
+hand edits: each table between its markers equals what the code prints now."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from forecast.report import TABLE_BEGIN, TABLE_END, validation_markdown
+from simulator.kernel_commands import VALIDATION_FILE
+
+ROOT = Path(__file__).resolve().parents[1]
+NEUSIGHT = ROOT.parent / "shared" / "data" / "neusight"
+
+
+def _between(begin: str, end: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    return text[text.index(begin) + len(begin) : text.index(end)].strip()
+
+
+def test_kernel_table_is_generated_from_validation_json() -> None:
+    report = json.loads(VALIDATION_FILE.read_text())
+    assert _between(TABLE_BEGIN, TABLE_END) == validation_markdown(report).strip()
+
+
+def test_e2e_table_is_what_validate_e2e_prints() -> None:
+    if not (NEUSIGHT / "labels").is_dir():
+        pytest.skip(f"NeuSight labels not found at {NEUSIGHT} (clone without ../shared)")
+    from forecast.predict import load_latency_model
+    from simulator.e2e_validate import load_labels, prepare
+    from simulator.predict_commands import E2E_BEGIN, E2E_END, _gpu_rows
+
+    labels, _ = load_labels(NEUSIGHT)
+    runs = {k: prepare(labels, NEUSIGHT, load_latency_model(k)) for k in ("tile-mlp", "roofline")}
+    assert _between(E2E_BEGIN, E2E_END) == "\n".join(_gpu_rows(runs))
