@@ -13,11 +13,8 @@ import argparse
 import time
 from pathlib import Path
 
-from simulator.execgraph import exec_graph
 from simulator.scenario import load_scenario, resolve
-from simulator.scheduler import compile_plan
-from simulator.schedules import stage_orders
-from simulator.simulate import latency_table, simulate
+from simulator.simulate import clear_graph_caches, latency_table, simulate
 
 SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "gpt3_175b_a100.toml"
 # tp 8 x pp 16 x dp 8, global batch 768 -> 96 micro-batches of 1 per pipeline, plain 1F1B.
@@ -38,8 +35,7 @@ def main() -> None:
     t1 = time.perf_counter()
     cold = 0.0
     for _ in range(args.repeats):
-        for cache in (exec_graph, compile_plan, stage_orders):
-            cache.cache_clear()
+        clear_graph_caches()
         c0 = time.perf_counter()
         simulate(inputs, scenario.run, table)
         cold += time.perf_counter() - c0

@@ -14,11 +14,9 @@ import multiprocessing
 import time
 from collections.abc import Sequence
 
-from simulator.execgraph import exec_graph
 from simulator.rows import Row
 from simulator.scenario import load_scenario
-from simulator.scheduler import compile_plan
-from simulator.schedules import stage_orders
+from simulator.simulate import clear_graph_caches
 from simulator.space import Point, enumerate_space, find_scenario
 from simulator.sweep import (
     Executor,
@@ -58,11 +56,6 @@ def _rate(
     return _timed(tier, points, shared, executor, chunk)[0]
 
 
-def _clear_graph_caches() -> None:
-    for cache in (exec_graph, compile_plan, stage_orders):
-        cache.cache_clear()
-
-
 def main() -> None:
     """Print screen, simulate and Ray-vs-serial rates."""
     parser = argparse.ArgumentParser()
@@ -85,7 +78,7 @@ def main() -> None:
     # size, from empty graph caches (each new shape's graph is built inside the timing).
     keys = set(select_candidates(screened, top=48, per_context=2))
     top = [p for p in pts if p.key(shared.contexts[p.context].id) in keys]
-    _clear_graph_caches()
+    clear_graph_caches()
     tsim = _rate("simulate", top, shared, "serial", 4)
     print(
         f"simulate, serial: {tsim:.1f} layouts/s "
@@ -94,13 +87,13 @@ def main() -> None:
     llama = load_scenario(find_scenario("llama3-70b-h100"))
     lspace = enumerate_space(llama)
     lshared = build_shared(lspace, llama.run)
-    _clear_graph_caches()
+    clear_graph_caches()
     step = max(1, len(lspace.points) // args.simulate)
     sim_pts = lspace.points[::step][: args.simulate]
     sim = _rate("simulate", sim_pts, lshared, "serial", 4)
     print(f"simulate, serial: {sim:.1f} layouts/s (Llama 3 70B, {len(sim_pts)} layouts, 1 core)")
     gpt_pts = pts[:: max(1, len(pts) // 10)][:10]
-    _clear_graph_caches()
+    clear_graph_caches()
     gsim = _rate("simulate", gpt_pts, shared, "serial", 2)
     print(
         f"simulate, serial: {gsim:.1f} layouts/s (GPT-3 175B, {len(gpt_pts)} layouts spread over "
@@ -116,7 +109,7 @@ def main() -> None:
         ray_sim = _rate("simulate", sim_pts, lshared, "ray", 2)
         ray_sweep = _two_tier_s(few, shared, "ray")
     serial_few = _rate("screen", few, shared, "serial", 250)
-    _clear_graph_caches()
+    clear_graph_caches()
     serial_sweep = _two_tier_s(few, shared, "serial")
     print(
         f"screen, {len(few)} layouts: serial {serial_few:,.0f}/s, Ray x{args.workers} "

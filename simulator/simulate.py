@@ -13,12 +13,12 @@ from contextlib import contextmanager
 
 from forecast.predict import LatencyTable, forecast_table
 from simulator.dist_memory import MemoryBreakdown, stage_memory
-from simulator.execgraph import build_exec_graph
+from simulator.execgraph import build_exec_graph, exec_graph
 from simulator.latency import latency_model_for
 from simulator.parallel import Layout, RunConfig, check_run
 from simulator.results import StepInfo, StepResult, summarize
 from simulator.scenario import SimInputs
-from simulator.scheduler import Timeline, schedule
+from simulator.scheduler import Timeline, compile_plan, schedule
 from simulator.schedules import in_flight, stage_orders
 from simulator.stagecost import kernels_for
 from simulator.stepcosts import stage_params, step_costs
@@ -50,6 +50,13 @@ def peak_memory(inputs: SimInputs, layout: Layout) -> MemoryBreakdown:
         stage_memory(inputs, layout, s, params[s], in_flight(orders[s])) for s in range(run.pp)
     ]
     return max(stages, key=lambda m: m.total_bytes)
+
+
+def clear_graph_caches() -> None:
+    """Forget every cached graph shape, compiled plan and schedule order (the next layout of
+    each shape builds its graph again: what a first, cold simulation costs)."""
+    for cache in (exec_graph, compile_plan, stage_orders):
+        cache.cache_clear()
 
 
 @contextmanager
