@@ -13,6 +13,7 @@ import argparse
 import multiprocessing
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from simulator.rows import Row
 from simulator.scenario import load_scenario
@@ -23,6 +24,7 @@ from simulator.sweep import (
     RayOptions,
     Shared,
     build_shared,
+    chunk_size,
     ray_session,
     run_sweep,
     select_candidates,
@@ -100,6 +102,12 @@ def main() -> None:
         "the space, each a new shape, up to 25k graph nodes; 1 core)"
     )
     few = pts[:: max(1, len(pts) // args.ray_layouts)][: args.ray_layouts]
+    # Serial first: measured after a Ray session, serial runs shared the CPU with Ray's exiting
+    # processes and flattered Ray.
+    ceiling = machine_parallel_ceiling(args.workers)
+    serial_few = _rate("screen", few, shared, "serial", 250)
+    clear_graph_caches()
+    serial_sweep = _two_tier_s(few, shared, "serial", args.workers)
     t0 = time.perf_counter()
     with ray_session("ray", RayOptions(workers=args.workers)):
         # warm every worker (imports, first task) before timing: 8 small tasks
@@ -107,10 +115,7 @@ def main() -> None:
         print(f"ray start-up and warm-up: {time.perf_counter() - t0:.1f} s")
         ray_screen = _rate("screen", few, shared, "ray", 250)
         ray_sim = _rate("simulate", sim_pts, lshared, "ray", 2)
-        ray_sweep = _two_tier_s(few, shared, "ray")
-    serial_few = _rate("screen", few, shared, "serial", 250)
-    clear_graph_caches()
-    serial_sweep = _two_tier_s(few, shared, "serial")
+        ray_sweep = _two_tier_s(few, shared, "ray", args.workers)
     print(
         f"screen, {len(few)} layouts: serial {serial_few:,.0f}/s, Ray x{args.workers} "
         f"{ray_screen:,.0f}/s ({ray_screen / serial_few:.2f}x)"
@@ -119,10 +124,9 @@ def main() -> None:
     print(f"simulate, {len(sim_pts)} layouts: Ray x{args.workers} {ray_sim:.1f}/s ({speedup:.2f}x)")
     print(
         f"sweep of {len(few)} layouts as `tilesim sweep` runs it (screen all, simulate the top "
-        f"48 + 2 per cluster size): serial {serial_sweep:.2f} s, Ray x{args.workers} "
-        f"{ray_sweep:.2f} s ({serial_sweep / ray_sweep:.2f}x)"
+        f"48 + 2 per cluster size, its chunk sizes): serial {serial_sweep:.2f} s, "
+        f"Ray x{args.workers} {ray_sweep:.2f} s ({serial_sweep / ray_sweep:.2f}x)"
     )
-    ceiling = machine_parallel_ceiling(args.workers)
     print(f"this machine: {args.workers} processes of pure Python run {ceiling:.2f}x one (ceiling)")
 
 
@@ -133,28 +137,36 @@ def _burn(n: int) -> float:
     return float(total)
 
 
-def machine_parallel_ceiling(workers: int, n: int = 10_000_000) -> float:
+def machine_parallel_ceiling(workers: int, n: int = 5_000_000, repeats: int = 3) -> float:
     """How much faster ``workers`` processes burn independent pure-Python loops than one:
-    the most any executor can gain on this machine (a shared VM's cores are not all free)."""
-    t0 = time.perf_counter()
-    for _ in range(workers):
-        _burn(n)
-    serial = time.perf_counter() - t0
+    the most any executor can gain on this machine (a shared VM's cores are not all free).
+    Best of ``repeats`` for both, so a passing hiccup does not decide it."""
+    serial = min(_timed_burns(None, workers, n) for _ in range(repeats))
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
         pool.map(_burn, [1000] * workers)
-        t0 = time.perf_counter()
-        pool.map(_burn, [n] * workers)
-        parallel = time.perf_counter() - t0
+        parallel = min(_timed_burns(pool, workers, n) for _ in range(repeats))
     return serial / parallel
 
 
-def _two_tier_s(points: Sequence[Point], shared: Shared, executor: Executor) -> float:
+def _timed_burns(pool: Any, workers: int, n: int) -> float:
+    t0 = time.perf_counter()
+    if pool is None:
+        for _ in range(workers):
+            _burn(n)
+    else:
+        pool.map(_burn, [n] * workers)
+    return time.perf_counter() - t0
+
+
+def _two_tier_s(points: Sequence[Point], shared: Shared, executor: Executor, workers: int) -> float:
     """Seconds for both tiers of a sweep (graph caches cold in every process that simulates)."""
     t0 = time.perf_counter()
-    screened = run_sweep("screen", points, shared, executor=executor, chunk_size=250)
+    chunk = chunk_size("screen", len(points), workers)
+    screened = run_sweep("screen", points, shared, executor=executor, chunk_size=chunk)
     keys = set(select_candidates(screened, top=48, per_context=2))
     top = [p for p in points if p.key(shared.contexts[p.context].id) in keys]
-    run_sweep("simulate", top, shared, executor=executor, chunk_size=4)
+    chunk = chunk_size("simulate", len(top), workers)
+    run_sweep("simulate", top, shared, executor=executor, chunk_size=chunk)
     return time.perf_counter() - t0
 
 

@@ -148,6 +148,17 @@ def evaluate_chunk(tier: Tier, points: Sequence[Point], shared: Shared) -> list[
     return rows
 
 
+SCREEN_CHUNK = 500
+
+
+def chunk_size(tier: Tier, layouts: int, workers: int) -> int:
+    """Layouts per task: screens are cheap (hundreds per task); simulations are spread as
+    about four tasks per worker, at most eight layouts each."""
+    if tier == "screen":
+        return SCREEN_CHUNK
+    return max(1, min(8, layouts // (4 * workers)))
+
+
 def _shape_key(p: Point) -> tuple[int, str, int, int, int, int, bool]:
     """What a layout's execution-graph shape depends on (micro-batches follow from dp and the
     micro-batch size in one context)."""

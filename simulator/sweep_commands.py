@@ -29,12 +29,11 @@ from simulator.sweep import (
     Shared,
     Tier,
     build_shared,
+    chunk_size,
     ray_session,
     run_sweep,
     select_candidates,
 )
-
-SCREEN_CHUNK = 500
 
 
 def add_sweep_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -94,7 +93,7 @@ def _tier(
     keys = [p.key(shared.contexts[p.context].id) for p in points]
     todo = [p for p, k in zip(points, keys, strict=True) if not log.has(k, tier)]
     executor: Executor = "serial" if args.serial else "ray"
-    chunk = SCREEN_CHUNK if tier == "screen" else max(1, min(8, len(todo) // (4 * args.workers)))
+    chunk = chunk_size(tier, len(todo), args.workers)
     bar = tqdm(
         total=len(points),
         initial=len(points) - len(todo),
