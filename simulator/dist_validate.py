@@ -15,8 +15,9 @@ recompute, PyTorch DDP without model parallelism, Megatron's local DDP with it).
 no script: its PTD-P rows keep their stated micro-batch 1 and Megatron's default schedule
 (no interleaving flag, so plain 1F1B). PyTorch DDP all-reduces 25 MiB buckets during the last
 micro-batch's backward (Megatron runs the other micro-batches under ``no_sync``); Megatron's
-local DDP reduces after the backward pass; DeepSpeed ZeRO-3 overlaps. Otherwise: micro-batch 1
-when not given, 16-bit = fp16.
+local DDP reduces after the backward pass; the DeepSpeed ZeRO-3 rows run with ``zero3_impl =
+"deepspeed-2021"`` (`comm.zero3_blocking_s`). Otherwise: micro-batch 1 when not given,
+16-bit = fp16.
 
 Software of each source (`SOURCE_RUN`): both papers predate FlashAttention (2022), so
 attention is unfused (the score matrix goes through DRAM); Narayanan's Megatron-LM (April
@@ -148,6 +149,7 @@ def published_scenario(row: dict[str, Any], *, latency_model: str = "auto") -> S
         "sequence_parallel": bool(row["sequence_parallel"]),
         "recompute": "full" if row["recompute"].startswith("full") else "selective",
         "zero_stage": 3 if ddp == "deepspeed" else 0,
+        **({"zero3_impl": "deepspeed-2021"} if ddp == "deepspeed" else {}),
         **_grad_run(row, ddp),
         **_source_run(row),
     }

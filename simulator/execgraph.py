@@ -15,8 +15,9 @@ Schema (node id -> attributes; every node has ``kind``, ``stage``, ``stream`` an
 
 * ``("F"|"B", stage, chunk, micro, piece)``: ``kind="compute"``, ``stream="compute"``; all
   layers of one model chunk for one micro-batch, forward or backward (recompute included).
-  Its time = kernels + blocking TP/EP collectives + CP excess (`StepGraph.parts` splits it
-  into ``compute_s``, ``tp_s``, ``ep_s``, ``cp_s``). A chunk's last backward is cut into
+  Its time = kernels + blocking TP/EP collectives + CP excess + blocking ZeRO-3 collectives
+  (``zero3_impl = "deepspeed-2021"``) (`StepGraph.parts` splits it into ``compute_s``,
+  ``tp_s``, ``ep_s``, ``cp_s``, ``dp_s``). A chunk's last backward is cut into
   ``buckets`` equal pieces when DP gradient reduction overlaps backward; other tasks have
   ``piece = 0``.
 * ``("D", stage, chunk, bucket)``: ``comm="dp"``, ``stream="dp"``; gradient all-reduce or
@@ -53,7 +54,7 @@ Node = tuple[Any, ...]
 CostKey = tuple[Any, ...]
 Ends = tuple[Node, Node]  # first and last piece of one task
 PP_HOP: CostKey = ("pp_hop",)
-_PARTS = ("compute_s", "tp_s", "ep_s", "cp_s")
+_PARTS = ("compute_s", "tp_s", "ep_s", "cp_s", "dp_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,12 +72,14 @@ class ChunkCost:
     grad_sync_s: float = 0.0  # whole chunk, once per step (ZeRO-0/1/2)
     zero3_gather_s: float = 0.0  # per task
     zero3_scatter_s: float = 0.0  # per backward
+    fw_dp_s: float = 0.0  # blocking ZeRO-3 collectives (deepspeed-2021), per forward
+    bw_dp_s: float = 0.0  # ... per backward
 
-    def parts(self, phase: str) -> tuple[float, float, float, float]:
-        """(compute, tp, ep, cp) seconds of one forward (``"F"``) or backward (``"B"``)."""
+    def parts(self, phase: str) -> tuple[float, float, float, float, float]:
+        """(compute, tp, ep, cp, dp) seconds of one forward (``"F"``) or backward (``"B"``)."""
         if phase == "F":
-            return self.fw_compute_s, self.fw_tp_s, self.fw_ep_s, self.fw_cp_s
-        return self.bw_compute_s, self.bw_tp_s, self.bw_ep_s, self.bw_cp_s
+            return self.fw_compute_s, self.fw_tp_s, self.fw_ep_s, self.fw_cp_s, self.fw_dp_s
+        return self.bw_compute_s, self.bw_tp_s, self.bw_ep_s, self.bw_cp_s, self.bw_dp_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +177,7 @@ class StepGraph:
         return 0.0 if key is None else self.seconds[key]
 
     def parts(self, node: Node) -> dict[str, float]:
-        """A compute node's time split into ``compute_s``, ``tp_s``, ``ep_s``, ``cp_s``."""
+        """A compute node's time: ``compute_s``, ``tp_s``, ``ep_s``, ``cp_s``, ``dp_s``."""
         _, s, chunk, phase, n = self.graph.nodes[node]["cost"]
         parts = self.costs.chunks[s][chunk].parts(phase)
         return {k: t / n for k, t in zip(_PARTS, parts, strict=True)}

@@ -86,6 +86,22 @@ class ModelSpec(BaseModel):
         norms = (3 if cross_attention else 2) * norm
         return attn * (2 if cross_attention else 1) + ffn + norms
 
+    def layer_param_tensors(self, *, moe: bool, tp: int = 1, ep: int = 1) -> list[int]:
+        """Elements of each parameter tensor of one dense (or MoE) decoder layer on one GPU of a
+        ``tp`` x ``ep`` split: the unit a per-tensor ZeRO-3 gather moves. Megatron's split: the
+        column-parallel weights and biases and the row-parallel weights are divided by ``tp``;
+        row-parallel biases and norms are replicated. Sums to `layer_params` at ``tp = ep = 1``."""
+        h, qd, kvd = self.hidden_size, self.num_heads * self.dhead, self.kv_heads * self.dhead
+        f, b = self.ffn_hidden_size, self.bias
+        norm = [h, h] if self.norm == "layernorm" else [h]
+        attn = [h * (qd + 2 * kvd) // tp, qd * h // tp] + ([(qd + 2 * kvd) // tp, h] if b else [])
+        mats = 3 if self.activation == "swiglu" else 2
+        mlp = [h * f // tp] * mats + ([f // tp, h] if b else [])
+        if moe:
+            local = max(1, self.num_experts // ep)
+            mlp = [t for t in mlp for _ in range(local)] + [h * self.num_experts]
+        return norm + attn + norm + mlp
+
     def num_params(self, *, embeddings: bool = True) -> int:
         """Total parameters; ``embeddings=False`` drops token/position tables and the head."""
         dec = self._stack_params(self.num_layers, cross=self.num_encoder_layers > 0)

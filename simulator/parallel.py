@@ -19,6 +19,7 @@ from simulator.models import ModelSpec
 
 Schedule = Literal["gpipe", "1f1b", "1f1b-interleaved"]
 Recompute = Literal["none", "selective", "full"]
+Zero3Impl = Literal["fsdp", "deepspeed-2021"]
 
 
 class RunConfig(BaseModel):
@@ -50,6 +51,12 @@ class RunConfig(BaseModel):
         "finish (Megatron-LM's synchronous p2p of 2021-22); false: sends overlap compute",
     )
     overlap_param_gather: bool = False
+    zero3_impl: Zero3Impl = Field(
+        default="fsdp",
+        description="how ZeRO-3 moves parameters: fsdp (gathers prefetched on their own "
+        "stream, overlapping compute) or deepspeed-2021 (one blocking collective per parameter "
+        "tensor, again for the recomputed forward; `comm.zero3_blocking_s`)",
+    )
     buckets: int = Field(default=4, gt=0, description="DP gradient buckets per model chunk")
 
     @property

@@ -90,7 +90,7 @@ def _exposed(t: Timeline) -> dict[str, float]:
         a = nodes[n]
         if a["kind"] == "compute":
             parts = t.step.parts(n)
-            for k in ("tp", "cp", "ep"):
+            for k in ("tp", "cp", "ep", "dp"):
                 out[k] += parts[f"{k}_s"]
         elif a["kind"] == "comm":
             out[a["comm"]] += t.step.duration_s(n)

@@ -13,7 +13,8 @@ point-to-point transfers on the critical path (fill and drain, plus one round tr
 micro-batch in 1F1B's steady state, one way on average). The DP gradient reduction
 of each stage hides, all but its last bucket, behind the last backward when it overlaps;
 the sharded optimizer's parameter all-gather and the optimizer step are added. ZeRO-3 pays its
-gathers and scatters unoverlapped (a pessimistic screen). Memory is `dist_memory`'s, with
+gathers and scatters unoverlapped (a pessimistic screen); ``deepspeed-2021`` ZeRO-3 blocks each
+micro-batch on them (`comm.zero3_blocking_s`). Memory is `dist_memory`'s, with
 the schedule's in-flight micro-batches in closed form (`in_flight_closed`).
 
 Kernel block times and collective costs repeat across layouts, so `ScreenCache` memoises them
@@ -32,6 +33,7 @@ from simulator.comm import (
     grad_itemsize_bytes,
     layer_comm,
     param_itemsize_bytes,
+    zero3_blocking_s,
 )
 from simulator.dist_memory import MemoryBreakdown, stage_memory
 from simulator.parallel import Layout, RunConfig
@@ -124,6 +126,8 @@ def _dp_s(cache: ScreenCache, layout: Layout, params: float, backward_s: float) 
     run, dtype = layout.run, cache.inputs.dtype
     grads = params * grad_itemsize_bytes(dtype)
     weights = params * param_itemsize_bytes(dtype)
+    if run.zero_stage >= 3 and run.zero3_impl == "deepspeed-2021":
+        return 0.0  # on the compute stream: `_zero3_blocking_s`
     if run.zero_stage >= 3:
         per_chunk = 1.0 / layout.chunks
         gather = cache.dp("all-gather", weights * per_chunk, layout)
@@ -136,6 +140,17 @@ def _dp_s(cache: ScreenCache, layout: Layout, params: float, backward_s: float) 
     if run.shards_optimizer:
         exposed += cache.dp("all-gather", weights, layout)
     return exposed
+
+
+def _zero3_blocking_s(inputs: SimInputs, layout: Layout, s: int) -> float:
+    """Blocking ZeRO-3 collectives (deepspeed-2021) of one micro-batch through stage ``s``."""
+    pp, v = layout.run.pp, layout.chunks
+    total = 0.0
+    for c, layers in enumerate(layout.layers_per_stage[s]):
+        vs = c * pp + s
+        fw, bw = zero3_blocking_s(inputs, layout, layers, first=vs == 0, last=vs == pp * v - 1)
+        total += fw + bw
+    return total
 
 
 def _memory(cache: ScreenCache, layout: Layout, params: list[float]) -> MemoryBreakdown:
@@ -156,6 +171,8 @@ def screen(cache: ScreenCache, run: RunConfig) -> Screened:
     lc = cache.layer(layout)
     per_mb = _stage_mb_s(cache, layout)
     m, v, pp = layout.num_micro_batches, layout.chunks, run.pp
+    if run.zero_stage >= 3 and run.zero3_impl == "deepspeed-2021":
+        per_mb = [t + _zero3_blocking_s(inputs, layout, s) for s, t in enumerate(per_mb)]
     if run.pp_blocking_sends and pp > 1:  # each chunk's forward and backward wait on a send
         per_mb = [t + 2 * v * lc.pp_hop_s for t in per_mb]
     # Hops: the fill and drain cross every boundary; 1F1B's steady state waits one round

@@ -18,7 +18,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from forecast.predict import LatencyTable
-from simulator.comm import LayerComm, dp_grad_s, dp_param_gather_s, layer_comm
+from simulator.comm import (
+    LayerComm,
+    dp_grad_s,
+    dp_param_gather_s,
+    layer_comm,
+    zero3_blocking_s,
+)
 from simulator.execgraph import ChunkCost, StepCosts
 from simulator.parallel import Layout, RunConfig
 from simulator.scenario import SimInputs
@@ -61,7 +67,17 @@ def _chunk_cost(
     )
 
 
-def _with_dp(c: ChunkCost, params: float, inputs: SimInputs, layout: Layout) -> ChunkCost:
+def _with_dp(
+    c: ChunkCost,
+    params: float,
+    inputs: SimInputs,
+    layout: Layout,
+    layers: int,
+    ends: tuple[bool, bool],
+) -> ChunkCost:
+    if layout.run.zero_stage >= 3 and layout.run.zero3_impl == "deepspeed-2021":
+        fw, bw = zero3_blocking_s(inputs, layout, layers, first=ends[0], last=ends[1])
+        return replace(c, fw_dp_s=fw, bw_dp_s=bw)
     grad = dp_grad_s(params, inputs, layout)
     if layout.run.zero_stage >= 3:
         gather = dp_param_gather_s(params, inputs, layout)
@@ -84,7 +100,8 @@ def step_costs(inputs: SimInputs, layout: Layout, table: LatencyTable) -> StepCo
             ends = (vs == 0, vs == pp * v - 1)
             params = chunk_params(inputs.model, run, n, first=ends[0], last=ends[1])
             stage_params += params
-            row.append(_with_dp(_chunk_cost(bt, lc, layout, n, ends), params, inputs, layout))
+            cost = _chunk_cost(bt, lc, layout, n, ends)
+            row.append(_with_dp(cost, params, inputs, layout, n, ends))
         chunks.append(tuple(row))
         shard = layout.dp * run.cp if run.shards_optimizer else 1
         optimizer.append(stage_params / shard * bt.adam_s_per_param)

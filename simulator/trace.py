@@ -28,7 +28,9 @@ def chrome_trace(timeline: Timeline) -> dict[str, Any]:
         if duration <= 0:
             continue
         parts = step.parts(node) if a["kind"] == "compute" else {}
-        args = {k: parts[k] for k in ("tp_s", "cp_s", "ep_s") if k in parts and parts[k] > 0}
+        args = {
+            k: parts[k] for k in ("tp_s", "cp_s", "ep_s", "dp_s") if k in parts and parts[k] > 0
+        }
         events.append(
             {
                 "name": task_label(node),

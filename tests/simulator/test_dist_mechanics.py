@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 
 from forecast.kernels import Dtype, OpFamily
-from simulator.comm import collective_s, layer_comm
+from simulator.comm import DEEPSPEED_2021_ZERO3_EFFICIENCY, collective_s, layer_comm
 from simulator.dist_memory import layer_activation_bytes
 from simulator.dist_validate import published_scenario
 from simulator.models import load_model
 from simulator.parallel import RunConfig
 from simulator.scenario import SimInputs, load_scenario, resolve
-from simulator.simulate import latency_table, layout_of, peak_memory
+from simulator.simulate import latency_table, layout_of, peak_memory, simulate
 from simulator.stagecost import (
     ADAM_REF,
     OPTIMIZER_BYTES_PER_PARAM,
@@ -23,6 +23,8 @@ from simulator.stagecost import (
     shard_kernels,
 )
 from simulator.stepcosts import tp_bw_exposed_s
+from topologies import collective_time_s
+from topologies.algorithms import Op
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "scenarios" / "tiny_gpt_8gpu.toml"
@@ -177,3 +179,43 @@ def test_published_rows_take_the_authors_stated_settings() -> None:
     s = published_scenario(k | {"virtual_pipeline_stages": 1, "micro_batch_size": 4})
     assert s.run.tp_comm_overlap and s.run.micro_batch_size == 4
     assert s.training.attention == "unfused"
+
+
+@pytest.mark.parametrize("model_id", ["gpt3-175b", "llama3-70b", "mixtral-8x7b"])
+def test_per_tensor_parameters_sum_to_the_layer(model_id: str) -> None:
+    m = load_model(model_id)
+    for moe in (False, True) if m.num_experts > 1 else (False,):
+        assert sum(m.layer_param_tensors(moe=moe)) == m.layer_params(moe=moe)
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_deepspeed_2021_zero3_blocks_compute_on_every_tensor_collective(recompute: str) -> None:
+    """One stage: every gather and reduce-scatter sits on the compute stream's path, so the step's
+    exposed DP time is the closed form: m x (gathers x (1 or 2 with full recompute) + gathers
+    + reduce-scatters), per parameter tensor, at the stated efficiency."""
+    sets = ("run.tp=1", "run.pp=1", "run.dp=8", "run.zero_stage=3", f"run.recompute='{recompute}'")
+    s = load_scenario(TINY, overrides=(*sets, "run.zero3_impl='deepspeed-2021'"))
+    inputs = resolve(s)
+    lay = layout_of(inputs, s.run)
+    res = simulate(inputs, s.run, latency_table(inputs, [s.run]))
+    m, group, cl = inputs.model, lay.dp_group, inputs.cluster
+    tensors = m.layer_param_tensors(moe=False)
+    table = m.vocab_size * m.hidden_size
+    ends = [table, m.max_positions * m.hidden_size]  # tied head: no second table
+
+    def total(op: Op, itemsize: int) -> float:
+        per_layer = sum(
+            collective_time_s(op, t * itemsize, group, cl, algorithm="ring") for t in tensors
+        )
+        rest = sum(collective_time_s(op, t * itemsize, group, cl, algorithm="ring") for t in ends)
+        return m.num_layers * per_layer + rest
+
+    gather, scatter = total("all-gather", 2), total("reduce-scatter", 4)
+    per_mb = (
+        (3 if recompute == "full" else 2) * gather + scatter
+    ) / DEEPSPEED_2021_ZERO3_EFFICIENCY
+    assert res.exposed_comm_s["dp"] == pytest.approx(lay.num_micro_batches * per_mb, rel=1e-9)
+    fsdp = simulate(
+        inputs, s.run.model_copy(update={"zero3_impl": "fsdp"}), latency_table(inputs, [s.run])
+    )
+    assert fsdp.iteration_s < res.iteration_s
