@@ -126,6 +126,15 @@ def dp_param_gather_s(params: float, inputs: SimInputs, layout: Layout) -> float
 DEEPSPEED_2021_ZERO3_EFFICIENCY = 0.445
 
 
+def param_gather_exposed_s(params: float, inputs: SimInputs, layout: Layout) -> float:
+    """The sharded optimizer's all-gather of updated weights that the step waits for: all of
+    it, or with ``overlap_param_gather`` (Megatron-LM's ``--overlap-param-gather``: bucket by
+    bucket under the next forward) only the first of ``buckets`` buckets."""
+    run = layout.run
+    whole = dp_param_gather_s(params, inputs, layout)
+    return whole / run.buckets if run.overlap_param_gather else whole
+
+
 def zero3_blocking_s(
     inputs: SimInputs, layout: Layout, layers: int, *, first: bool, last: bool
 ) -> tuple[float, float]:

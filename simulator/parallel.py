@@ -50,7 +50,11 @@ class RunConfig(BaseModel):
         description="pipeline send-recvs hold the sending stage's compute stream until they "
         "finish (Megatron-LM's synchronous p2p of 2021-22); false: sends overlap compute",
     )
-    overlap_param_gather: bool = False
+    overlap_param_gather: bool = Field(
+        default=False,
+        description="the sharded optimizer's all-gather of updated weights runs bucket by bucket "
+        "under the next forward (Megatron-LM --overlap-param-gather): only the first bucket waits",
+    )
     zero3_impl: Zero3Impl = Field(
         default="fsdp",
         description="how ZeRO-3 moves parameters: fsdp (gathers prefetched on their own "

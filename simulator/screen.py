@@ -137,8 +137,9 @@ def _dp_s(cache: ScreenCache, layout: Layout, params: float, backward_s: float) 
     grad = cache.dp(op, grads, layout)
     hidden = min(grad, backward_s) * (1 - 1 / run.buckets) if run.overlap_grad_reduce else 0.0
     exposed = grad - hidden
-    if run.shards_optimizer:
-        exposed += cache.dp("all-gather", weights, layout)
+    if run.shards_optimizer:  # `comm.param_gather_exposed_s`
+        gather = cache.dp("all-gather", weights, layout)
+        exposed += gather / run.buckets if run.overlap_param_gather else gather
     return exposed
 
 

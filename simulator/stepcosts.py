@@ -23,6 +23,7 @@ from simulator.comm import (
     dp_grad_s,
     dp_param_gather_s,
     layer_comm,
+    param_gather_exposed_s,
     zero3_blocking_s,
 )
 from simulator.execgraph import ChunkCost, StepCosts
@@ -106,7 +107,7 @@ def step_costs(inputs: SimInputs, layout: Layout, table: LatencyTable) -> StepCo
         shard = layout.dp * run.cp if run.shards_optimizer else 1
         optimizer.append(stage_params / shard * bt.adam_s_per_param)
         sharded = run.shards_optimizer and run.zero_stage < 3
-        gather.append(dp_param_gather_s(stage_params, inputs, layout) if sharded else 0.0)
+        gather.append(param_gather_exposed_s(stage_params, inputs, layout) if sharded else 0.0)
     return StepCosts(
         chunks=tuple(chunks),
         num_micro_batches=layout.num_micro_batches,

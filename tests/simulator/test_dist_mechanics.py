@@ -9,7 +9,12 @@ from typing import Any
 import pytest
 
 from forecast.kernels import Dtype, OpFamily
-from simulator.comm import DEEPSPEED_2021_ZERO3_EFFICIENCY, collective_s, layer_comm
+from simulator.comm import (
+    DEEPSPEED_2021_ZERO3_EFFICIENCY,
+    collective_s,
+    dp_param_gather_s,
+    layer_comm,
+)
 from simulator.dist_memory import layer_activation_bytes
 from simulator.dist_validate import published_scenario
 from simulator.models import load_model
@@ -22,7 +27,7 @@ from simulator.stagecost import (
     block_times,
     shard_kernels,
 )
-from simulator.stepcosts import tp_bw_exposed_s
+from simulator.stepcosts import stage_params, tp_bw_exposed_s
 from topologies import collective_time_s
 from topologies.algorithms import Op
 
@@ -219,3 +224,17 @@ def test_deepspeed_2021_zero3_blocks_compute_on_every_tensor_collective(recomput
         inputs, s.run.model_copy(update={"zero3_impl": "fsdp"}), latency_table(inputs, [s.run])
     )
     assert fsdp.iteration_s < res.iteration_s
+
+
+def test_overlapped_param_gather_exposes_its_first_bucket_only() -> None:
+    sets = ("run.tp=1", "run.pp=1", "run.dp=8", "run.zero_stage=1", "run.buckets=4")
+    s = load_scenario(TINY, overrides=sets)
+    inputs = resolve(s)
+    table = latency_table(inputs, [s.run])
+    plain = simulate(inputs, s.run, table)
+    over = simulate(inputs, s.run.model_copy(update={"overlap_param_gather": True}), table)
+    lay = layout_of(inputs, s.run)
+    params = sum(stage_params(inputs, lay))
+    whole = dp_param_gather_s(params, inputs, lay)
+    assert whole > 0
+    assert plain.iteration_s - over.iteration_s == pytest.approx(whole * 3 / 4, rel=1e-9)
