@@ -69,8 +69,10 @@ def _add_topologies(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=_collective)
-    p = sub.add_parser("list", help="print a catalog: gpus, servers, networks, models, scenarios")
-    p.add_argument("kind", help="gpus | servers | networks | models | scenarios")
+    p = sub.add_parser(
+        "list", help="print a catalog (gpus, servers, networks, models, scenarios) or the keys"
+    )
+    p.add_argument("kind", help="gpus | servers | networks | models | scenarios | keys")
     p.set_defaults(handler=_list)
     p = sub.add_parser("collective-plot", help="predicted vs measured all-reduce busbw figure")
     p.add_argument("--data", type=Path, required=True, help="shared/data/hardware folder")
@@ -125,8 +127,12 @@ def _list(args: argparse.Namespace) -> int:
         lines = list_models()
     elif args.kind == "scenarios":
         lines = shipped_scenarios()
+    elif args.kind == "keys":
+        from simulator.scenario_keys import keys_markdown
+
+        lines = [keys_markdown().rstrip("\n")]
     else:
-        kinds = "gpus, servers, networks, models or scenarios"
+        kinds = "gpus, servers, networks, models, scenarios or keys"
         raise TopologyError(f"unknown catalog {args.kind!r}; use {kinds}")
     print("\n".join(lines))
     return 0

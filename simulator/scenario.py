@@ -32,38 +32,48 @@ class StudySection(BaseModel):
     """What the study is."""
 
     model_config = _FROZEN
-    name: str
-    description: str = ""
+    name: str = Field(description="the study's name; a sweep writes to results/<name>/<hash>/")
+    description: str = Field(default="", description="free text for the report")
 
 
 class ModelSection(BaseModel):
     """The model: exactly one of ``id``, ``hf_config`` or the inline sizes."""
 
     model_config = _FROZEN
-    id: str | None = None
-    hf_config: str | None = None
-    n_layers: int | None = Field(default=None, gt=0)
-    hidden_size: int | None = Field(default=None, gt=0)
-    n_heads: int | None = Field(default=None, gt=0)
-    n_kv_heads: int | None = Field(default=None, gt=0)
-    ffn_hidden_size: int | None = Field(default=None, gt=0)
-    vocab_size: int | None = Field(default=None, gt=0)
-    activation: Literal["gelu", "swiglu", "squared-relu"] = "gelu"
-    num_experts: int = Field(default=1, gt=0)
-    experts_per_token: int = Field(default=1, gt=0)
-    seq_len: int = Field(gt=0)
+    id: str | None = Field(default=None, description="a catalog model (`tilesim list models`)")
+    hf_config: str | None = Field(
+        default=None, description="a Hugging Face config.json, relative to the scenario file"
+    )
+    n_layers: int | None = Field(default=None, gt=0, description="inline: transformer layers")
+    hidden_size: int | None = Field(default=None, gt=0, description="inline: model width")
+    n_heads: int | None = Field(default=None, gt=0, description="inline: attention heads")
+    n_kv_heads: int | None = Field(
+        default=None, gt=0, description="inline: key/value heads (grouped-query attention)"
+    )
+    ffn_hidden_size: int | None = Field(
+        default=None, gt=0, description="inline: MLP width (default 4 x hidden_size)"
+    )
+    vocab_size: int | None = Field(default=None, gt=0, description="inline: vocabulary")
+    activation: Literal["gelu", "swiglu", "squared-relu"] = Field(
+        default="gelu", description="inline: MLP activation (squared-relu is priced as relu)"
+    )
+    num_experts: int = Field(default=1, gt=0, description="inline: MoE experts per layer")
+    experts_per_token: int = Field(default=1, gt=0, description="inline: MoE top-k routing")
+    seq_len: int = Field(gt=0, description="tokens per sequence (all three forms)")
 
 
 class ClusterSection(BaseModel):
     """GPU type and the intra-/inter-node fabrics."""
 
     model_config = _FROZEN
-    gpu: str
-    server: str
-    network: str | None = None
-    num_gpus: int = Field(gt=0)
-    gpus_per_node: int | None = Field(default=None, gt=0)
-    nics_per_node: int | None = Field(default=None, ge=0)
+    gpu: str = Field(description="catalog id (`tilesim list gpus`) or a GPU JSON path")
+    server: str = Field(description="intra-node fabric: catalog id (`tilesim list servers`)")
+    network: str | None = Field(
+        default=None, description="inter-node fabric (`tilesim list networks`); multi-node only"
+    )
+    num_gpus: int = Field(gt=0, description="GPUs in the job: tp x cp x pp x dp")
+    gpus_per_node: int | None = Field(default=None, gt=0, description="default: the server's")
+    nics_per_node: int | None = Field(default=None, ge=0, description="default: the server's")
 
 
 Attention = Literal["flash", "unfused"]
@@ -80,12 +90,18 @@ class TrainingSection(BaseModel):
     """
 
     model_config = _FROZEN
-    global_batch_size: int = Field(gt=0)
-    dtype: Dtype = Dtype.BF16
-    framework: Literal["megatron", "hf-eager"] = "megatron"
-    attention: Literal["auto", "flash", "unfused"] = "auto"
+    global_batch_size: int = Field(gt=0, description="sequences per optimizer step")
+    dtype: Dtype = Field(default=Dtype.BF16, description="training precision")
+    framework: Literal["megatron", "hf-eager"] = Field(
+        default="megatron", description="op inventory: Megatron-LM's fused kernels or HF eager"
+    )
+    attention: Literal["auto", "flash", "unfused"] = Field(
+        default="auto",
+        description="megatron only: flash (FlashAttention), unfused (scores through DRAM, as "
+        "Megatron-LM before 2022); auto: flash for 16/8-bit dtypes, unfused for fp32/tf32",
+    )
     latency_model: Literal["auto", "roofline", "roofline-derated", "tile-mlp", "tensor-core"] = (
-        "auto"
+        Field(default="auto", description="kernel forecaster (auto: by dtype)")
     )
 
 
