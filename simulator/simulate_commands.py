@@ -69,6 +69,9 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+ZERO3_FIT_MODEL = "174.6B"  # the GPT-3 175B rows
+
+
 def _validate_distributed(args: argparse.Namespace) -> int:
     if args.readme is not None and args.labels_only:
         raise ConfigError("--readme needs the published runs too; drop --labels-only")
@@ -80,6 +83,12 @@ def _validate_distributed(args: argparse.Namespace) -> int:
     if pub:
         text += "\n\n" + _summary("published runs", pub) + "\n"
         text += _summary("without DeepSpeed ZeRO-3 rows", [c for c in pub if "zero3" not in c.name])
+        zero3 = [c for c in pub if "zero3" in c.name]
+        fit = [c for c in zero3 if ZERO3_FIT_MODEL in c.name]
+        if fit:  # `comm.DEEPSPEED_2021_ZERO3_EFFICIENCY` was fitted on these rows only
+            text += "\n" + _summary("ZeRO-3 rows its efficiency was fitted on", fit)
+            rest = [c for c in zero3 if c not in fit]
+            text += "\n" + _summary("ZeRO-3 rows outside that fit", rest)
     if args.readme is not None:
         update_readme(args.readme, text, begin=DIST_BEGIN, end=DIST_END)
     print(text)
