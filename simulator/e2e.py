@@ -17,7 +17,8 @@ from collections import defaultdict
 from pydantic import BaseModel, ConfigDict, Field
 
 from forecast.gpus import GPUSpec
-from forecast.predict import LatencyModel, LatencyTable, forecast_table
+from forecast.predict import LatencyModel, LatencyTable
+from forecast.stream import stream_table
 from simulator.memory import GIB, MemoryEstimate, estimate_memory
 from simulator.models import ModelSpec
 from simulator.opgraph import OpGraph, Phase, Workload, build_ops
@@ -33,9 +34,10 @@ class Overheads(BaseModel):
     fitted_on: tuple[str, ...] = ()
 
 
-# `e2e_validate.fit_overheads` with tile-mlp on the training GPUs' 45 labelled runs: the grid
-# minimum is at zero for both (those runs are large and GPU-bound; tile-mlp already errs high
-# there), so no overhead is applied by default. Roofline's fit: gap 20 us, host 32.5 us.
+# `e2e_validate.fit_overheads` with tile-mlp on the training GPUs' 45 labelled runs, kernels at
+# their in-stream device times (`forecast.stream`): the grid minimum is at zero for both (those
+# runs are large and GPU-bound), so no overhead is applied by default. Roofline's fit (its
+# times have no host floor to remove): gap 20 us, host 32.5 us.
 FITTED = Overheads(
     gap_s=0.0,
     host_s=0.0,
@@ -102,7 +104,7 @@ def graph_result(
     overheads: Overheads = FITTED,
 ) -> E2EResult:
     """Forecast an op graph's kernels and sum them per phase and per family."""
-    table = forecast_table(graph.kernels(), gpu, latency_model)
+    table = stream_table(graph.kernels(), gpu, latency_model)
     t = predict_graph(graph, table, overheads)
     fw, bw = t[Phase.FORWARD], t[Phase.BACKWARD]
     return E2EResult(

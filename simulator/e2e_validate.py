@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from forecast.gpus import GPUError, GPUSpec, load_gpu
-from forecast.predict import LatencyModel, LatencyTable, forecast_table
+from forecast.predict import LatencyModel, LatencyTable
+from forecast.stream import stream_table
 from simulator.e2e import Overheads, predict_graph
 from simulator.models import ModelSpec, load_model
 from simulator.opgraph import OpGraph, Phase, Workload, build_ops
@@ -115,7 +116,7 @@ def prepare(labels: list[Label], data_dir: Path, latency_model: LatencyModel) ->
     for gpu_id, items in by_gpu.items():
         gpu: GPUSpec = load_gpu(gpu_id)
         kernels = set().union(*(g.kernels() for _, g in items))
-        table = forecast_table(kernels, gpu, latency_model)
+        table = stream_table(kernels, gpu, latency_model)
         out += [PreparedRun(lab, g, table) for lab, g in items]
     return out
 

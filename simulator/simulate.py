@@ -11,7 +11,8 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from forecast.predict import LatencyTable, forecast_table
+from forecast.predict import LatencyTable
+from forecast.stream import stream_table
 from simulator.dist_memory import MemoryBreakdown, stage_memory
 from simulator.execgraph import build_exec_graph, exec_graph
 from simulator.latency import latency_model_for
@@ -27,7 +28,7 @@ from simulator.stepcosts import stage_params, step_costs
 def latency_table(inputs: SimInputs, runs: list[RunConfig]) -> LatencyTable:
     """Forecast every kernel the layouts need, once (one batched call per family)."""
     model = latency_model_for(inputs.latency_model)
-    return forecast_table(kernels_for(inputs, runs), inputs.gpu, model)
+    return stream_table(kernels_for(inputs, runs), inputs.gpu, model)
 
 
 def layout_of(inputs: SimInputs, run: RunConfig) -> Layout:
