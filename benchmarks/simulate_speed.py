@@ -10,6 +10,7 @@ a shape already built (a sweep's common case: its layouts share few shapes).
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from pathlib import Path
 
@@ -22,7 +23,7 @@ OVERRIDES = ("run.schedule='1f1b'", "run.virtual_stages=1", "training.global_bat
 
 
 def main() -> None:
-    """Print the table time once and the mean simulate time per layout, in ms."""
+    """Print the table time once and the simulate time per layout (mean and median), in ms."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--latency-model", default="auto")
@@ -33,20 +34,22 @@ def main() -> None:
     t0 = time.perf_counter()
     table = latency_table(inputs, [scenario.run])
     t1 = time.perf_counter()
-    cold = 0.0
+    cold, warm = [], []
     for _ in range(args.repeats):
         clear_graph_caches()
         c0 = time.perf_counter()
         simulate(inputs, scenario.run, table)
-        cold += time.perf_counter() - c0
-    t2 = time.perf_counter()
+        cold.append(time.perf_counter() - c0)
     for _ in range(args.repeats):
+        w0 = time.perf_counter()
         result = simulate(inputs, scenario.run, table)
-    t3 = time.perf_counter()
+        warm.append(time.perf_counter() - w0)
     print(
-        f"kernel table {(t1 - t0) * 1e3:.0f} ms; simulate per layout: cold "
-        f"{cold / args.repeats * 1e3:.1f} ms, warm {(t3 - t2) / args.repeats * 1e3:.1f} ms "
-        f"({result.graph_nodes} graph nodes, {result.num_micro_batches} micro-batches)"
+        f"kernel table {(t1 - t0) * 1e3:.0f} ms; simulate per layout, mean (median) of "
+        f"{args.repeats}: cold {statistics.mean(cold) * 1e3:.1f} ms "
+        f"({statistics.median(cold) * 1e3:.1f}), warm {statistics.mean(warm) * 1e3:.1f} ms "
+        f"({statistics.median(warm) * 1e3:.1f}) ({result.graph_nodes} graph nodes, "
+        f"{result.num_micro_batches} micro-batches)"
     )
 
 
