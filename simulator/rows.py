@@ -5,13 +5,15 @@ A row has every key of `COLUMNS` (``None`` where it does not apply), so CSV colu
 candidates); ``status`` is ``ok``, ``infeasible`` (valid but does not fit; ``reason`` says
 why) or ``error`` (an unexpected exception; ``reason`` holds the traceback's last line and
 ``error`` the traceback). Rows are appended to ``progress.jsonl`` as they arrive; a rerun reads
-it back (a torn last line from an interrupt is dropped) and skips what is there. The final
+it back (a torn last line from an interrupt is dropped) and skips what is there, unless other
+code wrote it (``progress.meta.json`` holds the code's fingerprint). The final
 ``rows.jsonl`` and ``rows.parquet`` (``rows.csv`` without pyarrow) hold one row per layout,
 the simulated row where there is one, sorted by ``key``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 from collections.abc import Iterable
@@ -106,13 +108,38 @@ def read_jsonl(path: Path) -> list[Row]:
     return rows
 
 
+PROGRESS_META = "progress.meta.json"
+_CODE_DIRS = ("forecast", "simulator", "topologies")
+
+
+def code_fingerprint() -> str:
+    """A hash of the code and committed weights that produce rows: a log written by other code
+    (an upgraded tilesim, retrained weights) must not be resumed as if it were this one's."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for d in _CODE_DIRS:
+        for path in sorted((root / d).rglob("*")):
+            if path.is_file() and path.suffix in (".py", ".json", ".toml", ".pt", ".npz"):
+                h.update(str(path.relative_to(root)).encode())
+                h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 class ProgressLog:
     """The append-only ``progress.jsonl`` of one sweep directory."""
 
-    def __init__(self, out_dir: Path) -> None:
-        """Open (creating) the log; drop a torn last line so appends start on a clean line."""
+    def __init__(self, out_dir: Path, fingerprint: str = "") -> None:
+        """Open (creating) the log; drop a torn last line so appends start on a clean line.
+        A log written under another ``fingerprint`` (`code_fingerprint`) is started afresh, and
+        ``stale`` says so."""
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / PROGRESS
+        meta = out_dir / PROGRESS_META
+        old = json.loads(meta.read_text()).get("fingerprint") if meta.is_file() else None
+        self.stale = self.path.exists() and old != fingerprint
+        if self.stale:
+            self.path.unlink()
+        meta.write_text(json.dumps({"fingerprint": fingerprint}) + "\n")
         rows = read_jsonl(self.path)
         self.done: dict[tuple[str, str], Row] = {(r["key"], r["tier"]): r for r in rows}
         text = "".join(json.dumps(r) + "\n" for r in self.done.values())

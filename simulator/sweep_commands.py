@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from simulator.errors import InfeasibleConfig
 from simulator.report import RANKINGS, markdown_report, top_table
-from simulator.rows import ProgressLog, Row, final_rows, load_rows, write_rows
+from simulator.rows import ProgressLog, Row, code_fingerprint, final_rows, load_rows, write_rows
 from simulator.scenario import Scenario, load_scenario
 from simulator.space import Point, Space, enumerate_space, find_scenario
 from simulator.sweep import (
@@ -121,7 +121,9 @@ def _sweep(args: argparse.Namespace) -> int:
     if not space.points:
         raise InfeasibleConfig(f"no valid layout in the sweep ({space.pruned} pruned)")
     out = args.out or _out_dir(scenario)
-    log = ProgressLog(out)
+    log = ProgressLog(out, code_fingerprint())
+    if log.stale:
+        print(f"tilesim: {out} holds rows of other tilesim code; starting afresh", file=sys.stderr)
     _write_resolved(scenario, space, out)
     shared = build_shared(space, scenario.run)
     executor: Executor = "serial" if args.serial else "ray"

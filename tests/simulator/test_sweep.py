@@ -128,11 +128,29 @@ def test_interrupted_sweep_resumes_to_identical_rows(tmp_path: Path) -> None:
     # An interrupt: half the progress log survives, the last line torn mid-write.
     lines = (full / "progress.jsonl").read_text().splitlines(keepends=True)
     cut.mkdir()
-    (cut / "progress.jsonl").write_text("".join(lines[: len(lines) // 2]) + lines[-1][:40])
+    kept = lines[: len(lines) // 2]
+    (cut / "progress.jsonl").write_text("".join(kept) + lines[-1][:40])
+    (cut / "progress.meta.json").write_text((full / "progress.meta.json").read_text())
     assert _sweep(cut, "--candidates", "6") == 0
     assert load_rows(cut) == load_rows(full)
-    logged = [json.loads(x) for x in (cut / "progress.jsonl").read_text().splitlines()]
+    resumed = (cut / "progress.jsonl").read_text().splitlines(keepends=True)
+    assert resumed[: len(kept)] == kept  # the surviving rows were kept, not recomputed
+    logged = [json.loads(x) for x in resumed]
     assert len({(r["key"], r["tier"]) for r in logged}) == len(logged) == len(lines)
+
+
+def test_a_log_of_other_code_is_not_resumed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    full, other = tmp_path / "full", tmp_path / "other"
+    assert _sweep(full, "--candidates", "6") == 0
+    other.mkdir()
+    stale = [dict(json.loads(x), iteration_s=1.0) for x in (full / "progress.jsonl").open()]
+    (other / "progress.jsonl").write_text("".join(json.dumps(r) + "\n" for r in stale))
+    (other / "progress.meta.json").write_text('{"fingerprint": "older-tilesim"}\n')
+    assert _sweep(other, "--candidates", "6") == 0
+    assert "starting afresh" in capsys.readouterr().err
+    assert load_rows(other) == load_rows(full)
 
 
 def test_a_failing_layout_is_recorded_and_the_others_finish() -> None:
