@@ -62,6 +62,7 @@ class ScreenCache:
     blocks: dict[tuple[Any, ...], BlockTimes] = field(default_factory=dict)
     comms: dict[tuple[Any, ...], LayerComm] = field(default_factory=dict)
     colls: dict[tuple[Any, ...], float] = field(default_factory=dict)
+    params: dict[tuple[Any, ...], list[float]] = field(default_factory=dict)
 
     def block(self, run: RunConfig) -> BlockTimes:
         """Kernel seconds per block for this shard shape."""
@@ -78,6 +79,14 @@ class ScreenCache:
         if key not in self.comms:
             self.comms[key] = layer_comm(self.inputs, layout)
         return self.comms[key]
+
+    def stage_params(self, layout: Layout) -> list[float]:
+        """Parameters one GPU of each stage holds (`stepcosts.stage_params`)."""
+        r = layout.run
+        key = (r.tp, r.ep, layout.layers_per_stage)
+        if key not in self.params:
+            self.params[key] = stage_params(self.inputs, layout)
+        return self.params[key]
 
     def dp(self, op: str, nbytes: float, layout: Layout) -> float:
         """One collective over the layout's DP group."""
@@ -155,12 +164,18 @@ def _zero3_blocking_s(inputs: SimInputs, layout: Layout, s: int) -> float:
 
 
 def _memory(cache: ScreenCache, layout: Layout, params: list[float]) -> MemoryBreakdown:
+    """The fullest stage. Stages with the same layers and ends hold the same weights, and the
+    in-flight count never grows with the stage index, so the first of each such group is the
+    fullest of it: only those are priced (the same answer as pricing every stage)."""
     run, m, v = layout.run, layout.num_micro_batches, layout.chunks
+    first_of: dict[tuple[Any, ...], int] = {}
+    for s in range(run.pp):
+        first_of.setdefault((layout.layers_per_stage[s], s == 0, s == run.pp - 1), s)
     stages = [
         stage_memory(
             cache.inputs, layout, s, params[s], in_flight_closed(run.schedule, run.pp, m, v, s)
         )
-        for s in range(run.pp)
+        for s in sorted(first_of.values())
     ]
     return max(stages, key=lambda x: x.total_bytes)
 
@@ -180,11 +195,11 @@ def screen(cache: ScreenCache, run: RunConfig) -> Screened:
     # way per micro-batch when compute is short (GPipe streams its forwards).
     hops = pp * v - 1 + ((m - 1) / 2 if pp > 1 and run.schedule != "gpipe" else 0)
     fb = max(per_mb) * (m + (pp - 1) / v) + 2 * hops * lc.pp_hop_s
-    params = stage_params(inputs, layout)
+    params = cache.stage_params(layout)
     shard = layout.dp * run.cp if run.shards_optimizer else 1
     adam = cache.block(run).adam_s_per_param
     last_bw = 2.0 / 3.0 * min(per_mb) / v
-    tail = max(_dp_s(cache, layout, p, last_bw) + p / shard * adam for p in params)
+    tail = max(_dp_s(cache, layout, p, last_bw) + p / shard * adam for p in set(params))
     iteration = fb + tail
     return Screened(
         iteration_s=iteration,
