@@ -159,9 +159,9 @@ def chunk_size(tier: Tier, layouts: int, workers: int) -> int:
     return max(1, min(8, layouts // (4 * workers)))
 
 
-def _shape_key(p: Point) -> tuple[int, str, int, int, int, int, bool]:
+def _shape_key(p: Point) -> tuple[int, str, int, int, int, int, bool, bool]:
     """What a layout's execution-graph shape depends on (micro-batches follow from dp and the
-    micro-batch size in one context)."""
+    micro-batch size in one context; a sharded optimizer adds the parameter all-gather)."""
     return (
         p.context,
         p.schedule,
@@ -170,11 +170,34 @@ def _shape_key(p: Point) -> tuple[int, str, int, int, int, int, bool]:
         p.dp,
         p.micro_batch_size,
         p.zero_stage == 3,
+        p.zero_stage >= 1 or p.distributed_optimizer,
     )
 
 
 def _chunks(points: Sequence[Point], size: int) -> list[Sequence[Point]]:
     return [points[i : i + size] for i in range(0, len(points), size)]
+
+
+def _graph_tasks(p: Point, shared: Shared) -> int:
+    """Compute tasks in a layout's execution graph (forward and backward per stage, chunk and
+    micro-batch): what building its graph costs, the bulk of a first simulation of a shape."""
+    batch = shared.contexts[p.context].inputs.global_batch_size
+    return 2 * p.pp * p.virtual_stages * max(1, batch // (p.dp * p.micro_batch_size))
+
+
+def simulate_chunks(points: Sequence[Point], size: int, shared: Shared) -> list[Sequence[Point]]:
+    """Chunks of at most ``size`` layouts of one graph shape each, heaviest shape first.
+
+    One shape per chunk: a worker builds each shape's graph once (`execgraph.exec_graph` caches
+    it per process), and no shape is built by two workers unless it has more than ``size``
+    layouts. Heaviest first: Ray hands the next chunk to whichever worker is free, so big graphs
+    start early and small ones fill the gaps (longest-processing-time-first); chunks of a shape
+    stay adjacent (a stable sort), so the serial run builds each shape once too."""
+    groups: dict[tuple[Any, ...], list[Point]] = {}
+    for p in sorted(points, key=_shape_key):
+        groups.setdefault(_shape_key(p), []).append(p)
+    chunks = [c for g in groups.values() for c in _chunks(g, size)]
+    return sorted(chunks, key=lambda c: _graph_tasks(c[0], shared), reverse=True)
 
 
 def _failed_chunk(tier: Tier, chunk: Sequence[Point], shared: Shared, err: str) -> list[Row]:
@@ -265,11 +288,10 @@ def run_sweep(
         if on_rows is not None:
             on_rows(rows)
 
-    if tier == "simulate":
-        # Layouts of one graph shape side by side: a worker then builds each shape's graph
-        # once (`execgraph.exec_graph` caches it per process). Rows are sorted at the end.
-        points = sorted(points, key=_shape_key)
-    chunks = _chunks(points, max(1, chunk_size))
+    size = max(1, chunk_size)
+    # Rows are sorted by key at the end, whatever the chunk order.
+    by_shape = tier == "simulate"
+    chunks = simulate_chunks(points, size, shared) if by_shape else _chunks(points, size)
     if executor == "serial":
         for c in chunks:
             collect(evaluate_chunk(tier, c, shared))

@@ -17,7 +17,7 @@ from simulator.schedules import SCHEDULES, in_flight
 from simulator.screen import ScreenCache, in_flight_closed, screen
 from simulator.simulate import simulate
 from simulator.space import enumerate_space, find_scenario
-from simulator.sweep import build_shared, run_sweep
+from simulator.sweep import _graph_tasks, _shape_key, build_shared, run_sweep, simulate_chunks
 
 TINY = find_scenario("tiny-gpt-8gpu")
 PROCUREMENT = """
@@ -191,3 +191,17 @@ def test_ray_sweep_equals_serial_bit_for_bit() -> None:
         serial = run_sweep(tier, points, shared, executor="serial")
         ray = run_sweep(tier, points, shared, executor="ray", chunk_size=2)
         assert json.dumps(ray) == json.dumps(serial)
+
+
+def test_simulate_chunks_hold_one_shape_each_heaviest_first() -> None:
+    scenario = load_scenario(TINY)
+    space = enumerate_space(scenario)
+    shared = build_shared(space, scenario.run)
+    chunks = simulate_chunks(space.points, 3, shared)
+    flat = [p for c in chunks for p in c]
+    assert len(flat) == len(space.points) and set(flat) == set(space.points)
+    assert all(len({_shape_key(p) for p in c}) == 1 for c in chunks)
+    cost = [_graph_tasks(c[0], shared) for c in chunks]
+    assert cost == sorted(cost, reverse=True)
+    keys = [_shape_key(c[0]) for c in chunks]  # a shape's chunks are adjacent
+    assert all(k not in keys[: i - 1] or keys[i - 1] == k for i, k in enumerate(keys) if i)
