@@ -110,6 +110,7 @@ def read_jsonl(path: Path) -> list[Row]:
 
 PROGRESS_META = "progress.meta.json"
 _CODE_DIRS = ("forecast", "simulator", "topologies")
+_CODE_SUFFIXES = (".py", ".json", ".toml", ".pt", ".npz")  # code, catalogs, weights, tile tables
 
 
 def code_fingerprint() -> str:
@@ -119,7 +120,7 @@ def code_fingerprint() -> str:
     h = hashlib.sha256()
     for d in _CODE_DIRS:
         for path in sorted((root / d).rglob("*")):
-            if path.is_file() and path.suffix in (".py", ".json", ".toml", ".pt", ".npz"):
+            if path.suffix in _CODE_SUFFIXES and path.name != "validation.json" and path.is_file():
                 h.update(str(path.relative_to(root)).encode())
                 h.update(path.read_bytes())
     return h.hexdigest()[:16]
