@@ -186,18 +186,26 @@ def _graph_tasks(p: Point, shared: Shared) -> int:
 
 
 def simulate_chunks(points: Sequence[Point], size: int, shared: Shared) -> list[Sequence[Point]]:
-    """Chunks of at most ``size`` layouts of one graph shape each, heaviest shape first.
+    """Chunks of at most ``size`` layouts made of whole graph-shape groups, heaviest first.
 
-    One shape per chunk: a worker builds each shape's graph once (`execgraph.exec_graph` caches
-    it per process), and no shape is built by two workers unless it has more than ``size``
-    layouts. Heaviest first: Ray hands the next chunk to whichever worker is free, so big graphs
-    start early and small ones fill the gaps (longest-processing-time-first); chunks of a shape
-    stay adjacent (a stable sort), so the serial run builds each shape once too."""
+    A shape's layouts stay together (split only when more than ``size``): a worker builds each
+    of its shapes' graphs once (`execgraph.exec_graph` caches it per process), and no shape is
+    built by two workers unless it has more than ``size`` layouts. Small groups share a chunk, so
+    there are few tasks to dispatch. Heaviest first: Ray hands the next chunk to whichever worker
+    is free, so big graphs start early and small ones fill the gaps (longest processing time
+    first); pieces of a shape stay adjacent (a stable sort), so a serial run builds each once."""
     groups: dict[tuple[Any, ...], list[Point]] = {}
     for p in sorted(points, key=_shape_key):
         groups.setdefault(_shape_key(p), []).append(p)
-    chunks = [c for g in groups.values() for c in _chunks(g, size)]
-    return sorted(chunks, key=lambda c: _graph_tasks(c[0], shared), reverse=True)
+    pieces = [c for g in groups.values() for c in _chunks(g, size)]
+    pieces.sort(key=lambda c: _graph_tasks(c[0], shared), reverse=True)
+    chunks: list[list[Point]] = []
+    for piece in pieces:  # whole pieces, packed in order up to ``size`` layouts a chunk
+        if chunks and len(chunks[-1]) + len(piece) <= size:
+            chunks[-1].extend(piece)
+        else:
+            chunks.append(list(piece))
+    return list(chunks)
 
 
 def _failed_chunk(tier: Tier, chunk: Sequence[Point], shared: Shared, err: str) -> list[Row]:

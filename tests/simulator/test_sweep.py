@@ -193,15 +193,19 @@ def test_ray_sweep_equals_serial_bit_for_bit() -> None:
         assert json.dumps(ray) == json.dumps(serial)
 
 
-def test_simulate_chunks_hold_one_shape_each_heaviest_first() -> None:
+def test_simulate_chunks_keep_shapes_whole_heaviest_first() -> None:
     scenario = load_scenario(TINY)
     space = enumerate_space(scenario)
     shared = build_shared(space, scenario.run)
-    chunks = simulate_chunks(space.points, 3, shared)
+    size = 3
+    chunks = simulate_chunks(space.points, size, shared)
     flat = [p for c in chunks for p in c]
     assert len(flat) == len(space.points) and set(flat) == set(space.points)
-    assert all(len({_shape_key(p) for p in c}) == 1 for c in chunks)
-    cost = [_graph_tasks(c[0], shared) for c in chunks]
+    assert all(0 < len(c) <= size for c in chunks)
+    shapes: dict[tuple[object, ...], list[int]] = {}
+    for i, c in enumerate(chunks):
+        for p in c:
+            shapes.setdefault(_shape_key(p), []).append(i)
+    assert all(len(set(at)) == 1 for at in shapes.values() if len(at) <= size)
+    cost = [_graph_tasks(p, shared) for p in flat]
     assert cost == sorted(cost, reverse=True)
-    keys = [_shape_key(c[0]) for c in chunks]  # a shape's chunks are adjacent
-    assert all(k not in keys[: i - 1] or keys[i - 1] == k for i, k in enumerate(keys) if i)
