@@ -12,10 +12,10 @@ from simulator.cli import main
 from simulator.errors import ConfigError
 from simulator.report import procurement_table, rank
 from simulator.rows import load_rows
-from simulator.scenario import load_scenario
+from simulator.scenario import load_scenario, resolve
 from simulator.schedules import SCHEDULES, in_flight
 from simulator.screen import ScreenCache, in_flight_closed, screen
-from simulator.simulate import simulate
+from simulator.simulate import latency_table, simulate
 from simulator.space import enumerate_space, find_scenario
 from simulator.sweep import _graph_tasks, _shape_key, build_shared, run_sweep, simulate_chunks
 
@@ -104,6 +104,19 @@ def test_screen_tracks_simulate() -> None:
         sim = simulate(ctx.inputs, run, table)
         assert est.memory.total_bytes / 2**30 == pytest.approx(sim.memory_gib_per_gpu, rel=1e-9)
         assert est.tokens_per_s == pytest.approx(sim.tokens_per_s, rel=0.2)
+
+
+@pytest.mark.parametrize(("pp", "rel"), [(1, 1e-9), (2, 0.1)])
+def test_screen_prices_deepspeed_zero3_like_the_simulation(pp: int, rel: float) -> None:
+    """One stage: both put every blocking ZeRO-3 collective on the step's path, so they agree
+    exactly; with a pipeline, within the screen's usual closed-form error."""
+    sets = ("run.tp=1", f"run.pp={pp}", "run.dp=0", "run.zero_stage=3", "run.recompute='full'")
+    s = load_scenario(TINY, overrides=(*sets, "run.zero3_impl='deepspeed-2021'"))
+    inputs = resolve(s)
+    table = latency_table(inputs, [s.run])
+    est = screen(ScreenCache(inputs, table), s.run)
+    sim = simulate(inputs, s.run, table)
+    assert est.iteration_s == pytest.approx(sim.iteration_s, rel=rel)
 
 
 def test_serial_sweep_writes_rows_report_and_figures(tmp_path: Path) -> None:
