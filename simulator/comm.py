@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from forecast.kernels import ITEMSIZE_BYTES, Dtype
-from simulator.parallel import Layout
+from simulator.parallel import Layout, RunConfig
 from simulator.scenario import SimInputs
 from topologies import Cluster, collective_estimate, collective_time_s
 from topologies.algorithms import Op
@@ -126,25 +126,35 @@ def dp_param_gather_s(params: float, inputs: SimInputs, layout: Layout) -> float
 DEEPSPEED_2021_ZERO3_EFFICIENCY = 0.445
 
 
+def exposed_param_gather_s(whole_s: float, run: RunConfig) -> float:
+    """The part of the sharded optimizer's all-gather of updated weights (``whole_s``) that the
+    step waits for: all of it, or with ``overlap_param_gather`` (Megatron-LM's
+    ``--overlap-param-gather``: bucket by bucket under the next forward) the first bucket."""
+    return whole_s / run.buckets if run.overlap_param_gather else whole_s
+
+
 def param_gather_exposed_s(params: float, inputs: SimInputs, layout: Layout) -> float:
-    """The sharded optimizer's all-gather of updated weights that the step waits for: all of
-    it, or with ``overlap_param_gather`` (Megatron-LM's ``--overlap-param-gather``: bucket by
-    bucket under the next forward) only the first of ``buckets`` buckets."""
-    run = layout.run
-    whole = dp_param_gather_s(params, inputs, layout)
-    return whole / run.buckets if run.overlap_param_gather else whole
+    """`exposed_param_gather_s` of a stage holding ``params`` parameters."""
+    return exposed_param_gather_s(dp_param_gather_s(params, inputs, layout), layout.run)
 
 
 def zero3_blocking_s(
-    inputs: SimInputs, layout: Layout, layers: int, *, first: bool, last: bool
+    inputs: SimInputs,
+    layout: Layout,
+    layers: int,
+    *,
+    first: bool,
+    last: bool,
+    memo: dict[tuple[Op, float], float] | None = None,
 ) -> tuple[float, float]:
     """Seconds of ZeRO-3 collectives one chunk's forward and backward wait for, per micro-batch,
     under ``zero3_impl = "deepspeed-2021"``: module hooks all-gather each parameter tensor when
     its module runs (again for the recomputed forward under full recompute) and reduce-scatter
-    each gradient after it, all on the compute stream's critical path."""
+    each gradient after it, all on the compute stream's critical path. ``memo`` keeps each
+    tensor's collective time across calls over the same DP group (every chunk of a layout)."""
     m, run, cl, group = inputs.model, layout.run, inputs.cluster, layout.dp_group
     pb, gb = param_itemsize_bytes(inputs.dtype), grad_itemsize_bytes(inputs.dtype)
-    memo: dict[tuple[Op, float], float] = {}
+    memo = {} if memo is None else memo
 
     def cost(op: Op, tensors: Sequence[float], itemsize: int) -> float:
         total = 0.0

@@ -74,6 +74,11 @@ class RunConfig(BaseModel):
     buckets: int = Field(default=4, gt=0, description="DP gradient buckets per model chunk")
 
     @property
+    def zero3_blocks(self) -> bool:
+        """ZeRO-3 collectives on the compute stream's path (``zero3_impl = "deepspeed-2021"``)."""
+        return self.zero_stage >= 3 and self.zero3_impl == "deepspeed-2021"
+
+    @property
     def shards_optimizer(self) -> bool:
         """Optimizer state split over DP (ZeRO >= 1 or Megatron's distributed optimizer)."""
         return self.zero_stage >= 1 or self.distributed_optimizer

@@ -30,6 +30,7 @@ from forecast.predict import LatencyTable
 from simulator.comm import (
     LayerComm,
     collective_s,
+    exposed_param_gather_s,
     grad_itemsize_bytes,
     layer_comm,
     param_itemsize_bytes,
@@ -63,6 +64,7 @@ class ScreenCache:
     comms: dict[tuple[Any, ...], LayerComm] = field(default_factory=dict)
     colls: dict[tuple[Any, ...], float] = field(default_factory=dict)
     params: dict[tuple[Any, ...], list[float]] = field(default_factory=dict)
+    zero3: dict[tuple[Any, ...], dict[Any, float]] = field(default_factory=dict)
 
     def block(self, run: RunConfig) -> BlockTimes:
         """Kernel seconds per block for this shard shape."""
@@ -135,7 +137,7 @@ def _dp_s(cache: ScreenCache, layout: Layout, params: float, backward_s: float) 
     run, dtype = layout.run, cache.inputs.dtype
     grads = params * grad_itemsize_bytes(dtype)
     weights = params * param_itemsize_bytes(dtype)
-    if run.zero_stage >= 3 and run.zero3_impl == "deepspeed-2021":
+    if run.zero3_blocks:
         return 0.0  # on the compute stream: `_zero3_blocking_s`
     if run.zero_stage >= 3:
         per_chunk = 1.0 / layout.chunks
@@ -146,19 +148,21 @@ def _dp_s(cache: ScreenCache, layout: Layout, params: float, backward_s: float) 
     grad = cache.dp(op, grads, layout)
     hidden = min(grad, backward_s) * (1 - 1 / run.buckets) if run.overlap_grad_reduce else 0.0
     exposed = grad - hidden
-    if run.shards_optimizer:  # `comm.param_gather_exposed_s`
-        gather = cache.dp("all-gather", weights, layout)
-        exposed += gather / run.buckets if run.overlap_param_gather else gather
+    if run.shards_optimizer:
+        exposed += exposed_param_gather_s(cache.dp("all-gather", weights, layout), run)
     return exposed
 
 
-def _zero3_blocking_s(inputs: SimInputs, layout: Layout, s: int) -> float:
+def _zero3_blocking_s(cache: ScreenCache, layout: Layout, s: int) -> float:
     """Blocking ZeRO-3 collectives (deepspeed-2021) of one micro-batch through stage ``s``."""
-    pp, v = layout.run.pp, layout.chunks
+    r = layout.run
+    memo = cache.zero3.setdefault((r.tp, r.cp, r.ep, layout.dp), {})  # per DP group
+    pp, v = r.pp, layout.chunks
     total = 0.0
     for c, layers in enumerate(layout.layers_per_stage[s]):
         vs = c * pp + s
-        fw, bw = zero3_blocking_s(inputs, layout, layers, first=vs == 0, last=vs == pp * v - 1)
+        first, last = vs == 0, vs == pp * v - 1
+        fw, bw = zero3_blocking_s(cache.inputs, layout, layers, first=first, last=last, memo=memo)
         total += fw + bw
     return total
 
@@ -187,8 +191,8 @@ def screen(cache: ScreenCache, run: RunConfig) -> Screened:
     lc = cache.layer(layout)
     per_mb = _stage_mb_s(cache, layout)
     m, v, pp = layout.num_micro_batches, layout.chunks, run.pp
-    if run.zero_stage >= 3 and run.zero3_impl == "deepspeed-2021":
-        per_mb = [t + _zero3_blocking_s(inputs, layout, s) for s, t in enumerate(per_mb)]
+    if run.zero3_blocks:
+        per_mb = [t + _zero3_blocking_s(cache, layout, s) for s, t in enumerate(per_mb)]
     if run.pp_blocking_sends and pp > 1:  # each chunk's forward and backward wait on a send
         per_mb = [t + 2 * v * lc.pp_hop_s for t in per_mb]
     # Hops: the fill and drain cross every boundary; 1F1B's steady state waits one round

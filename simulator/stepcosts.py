@@ -30,6 +30,7 @@ from simulator.execgraph import ChunkCost, StepCosts
 from simulator.parallel import Layout, RunConfig
 from simulator.scenario import SimInputs
 from simulator.stagecost import BlockTimes, block_times, chunk_params, shard_kernels
+from topologies.algorithms import Op
 
 
 def tp_bw_exposed_s(bt: BlockTimes, lc: LayerComm, run: RunConfig) -> float:
@@ -75,9 +76,10 @@ def _with_dp(
     layout: Layout,
     layers: int,
     ends: tuple[bool, bool],
+    memo: dict[tuple[Op, float], float],
 ) -> ChunkCost:
-    if layout.run.zero_stage >= 3 and layout.run.zero3_impl == "deepspeed-2021":
-        fw, bw = zero3_blocking_s(inputs, layout, layers, first=ends[0], last=ends[1])
+    if layout.run.zero3_blocks:
+        fw, bw = zero3_blocking_s(inputs, layout, layers, first=ends[0], last=ends[1], memo=memo)
         return replace(c, fw_dp_s=fw, bw_dp_s=bw)
     grad = dp_grad_s(params, inputs, layout)
     if layout.run.zero_stage >= 3:
@@ -93,6 +95,7 @@ def step_costs(inputs: SimInputs, layout: Layout, table: LatencyTable) -> StepCo
     lc = layer_comm(inputs, layout)
     pp, v = run.pp, layout.chunks
     chunks, optimizer, gather = [], [], []
+    zero3_memo: dict[tuple[Op, float], float] = {}  # one DP group: every chunk shares it
     for s in range(pp):
         row, stage_params = [], 0.0
         for c in range(v):
@@ -102,7 +105,7 @@ def step_costs(inputs: SimInputs, layout: Layout, table: LatencyTable) -> StepCo
             params = chunk_params(inputs.model, run, n, first=ends[0], last=ends[1])
             stage_params += params
             cost = _chunk_cost(bt, lc, layout, n, ends)
-            row.append(_with_dp(cost, params, inputs, layout, n, ends))
+            row.append(_with_dp(cost, params, inputs, layout, n, ends, zero3_memo))
         chunks.append(tuple(row))
         shard = layout.dp * run.cp if run.shards_optimizer else 1
         optimizer.append(stage_params / shard * bt.adam_s_per_param)
