@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from forecast.kernels import ITEMSIZE_BYTES, Dtype
 from simulator.parallel import Layout, RunConfig
 from simulator.scenario import SimInputs
+from simulator.stagecost import end_tensors
 from topologies import Cluster, collective_estimate, collective_time_s
 from topologies.algorithms import Op
 
@@ -168,14 +169,7 @@ def zero3_blocking_s(
     groups = [(layers - moe, m.layer_param_tensors(moe=False, tp=run.tp, ep=run.ep))]
     if moe:
         groups.append((moe, m.layer_param_tensors(moe=True, tp=run.tp, ep=run.ep)))
-    table = float(m.vocab_size * m.hidden_size // run.tp)
-    ends: list[float] = []
-    if first:
-        ends += [table] + (
-            [float(m.max_positions * m.hidden_size)] if m.position == "learned" else []
-        )
-    if last and (run.pp > 1 or not m.tied_embeddings):
-        ends.append(table)
+    ends = end_tensors(m, run, first=first, last=last)
     gather = sum(n * cost("all-gather", ts, pb) for n, ts in groups) + cost("all-gather", ends, pb)
     scatter = sum(n * cost("reduce-scatter", ts, gb) for n, ts in groups)
     scatter += cost("reduce-scatter", ends, gb)

@@ -287,11 +287,19 @@ def chunk_params(model: ModelSpec, run: RunConfig, layers: int, *, first: bool, 
     experts = model.layer_params(moe=True) - dense
     moe_layers = model.moe_layers(layers)
     total = layers * dense / run.tp + moe_layers * experts / (run.tp * run.ep)
+    return int(total + sum(end_tensors(model, run, first=first, last=last)))
+
+
+def end_tensors(model: ModelSpec, run: RunConfig, *, first: bool, last: bool) -> list[float]:
+    """Elements of the tables one GPU holds beyond a chunk's layers: the vocabulary-parallel
+    embedding and learned positions on the first chunk, the head on the last unless it is the
+    tied embedding of the same GPU."""
     table = model.vocab_size * model.hidden_size / run.tp
+    out: list[float] = []
     if first:
-        total += table + (
-            model.max_positions * model.hidden_size if model.position == "learned" else 0
-        )
+        out.append(table)
+        if model.position == "learned":
+            out.append(float(model.max_positions * model.hidden_size))
     if last and (run.pp > 1 or not model.tied_embeddings):
-        total += table
-    return int(total)
+        out.append(table)
+    return out
