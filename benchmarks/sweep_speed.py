@@ -28,10 +28,10 @@ from simulator.sweep import (
     RayOptions,
     Shared,
     build_shared,
+    candidate_points,
     chunk_size,
     ray_session,
     run_sweep,
-    select_candidates,
 )
 
 # GPT-3 175B on 256..4096 H100s: a wide grid (about 100k raw combinations per size).
@@ -49,17 +49,12 @@ WIDE = (
 def _timed(
     tier: str, points: Sequence[Point], shared: Shared, executor: Executor, chunk: int
 ) -> tuple[float, list[Row]]:
+    """Seconds for one tier over ``points``, and its rows."""
     t0 = time.perf_counter()
     rows = run_sweep(tier, points, shared, executor=executor, chunk_size=chunk)  # type: ignore[arg-type]
     dt = time.perf_counter() - t0
     assert len(rows) == len(points)
-    return len(points) / dt, rows
-
-
-def _timed_s(
-    tier: str, points: Sequence[Point], shared: Shared, executor: Executor, chunk: int
-) -> float:
-    return len(points) / _timed(tier, points, shared, executor, chunk)[0]
+    return dt, rows
 
 
 def _clear_caches(executor: str, workers: int) -> None:
@@ -89,7 +84,7 @@ def _clear_remote() -> Any:
 def _rate(
     tier: str, points: Sequence[Point], shared: Shared, executor: Executor, chunk: int
 ) -> float:
-    return _timed(tier, points, shared, executor, chunk)[0]
+    return len(points) / _timed(tier, points, shared, executor, chunk)[0]
 
 
 def main() -> None:
@@ -109,12 +104,12 @@ def main() -> None:
         f"enumerated and kernel tables built in {time.perf_counter() - t0:.1f} s"
     )
     pts = space.points
-    screen, screened = _timed("screen", pts, shared, "serial", 500)
+    screen_s, screened = _timed("screen", pts, shared, "serial", 500)
+    screen = len(pts) / screen_s
     print(f"screen, serial: {screen:,.0f} layouts/s ({len(pts)} layouts, 1 core)")
     # The simulate tier as `tilesim sweep` runs it: the screen's best 48 plus 2 per cluster
     # size, from empty graph caches (each new shape's graph is built inside the timing).
-    keys = set(select_candidates(screened, top=48, per_context=2))
-    top = [p for p in pts if p.key(shared.contexts[p.context].id) in keys]
+    top = candidate_points(pts, screened, shared)
     clear_graph_caches()
     tsim = _rate("simulate", top, shared, "serial", 4)
     print(
@@ -154,8 +149,8 @@ def main() -> None:
         for _ in range(args.rounds):
             for ex in ("serial", "ray"):
                 runs = {
-                    "screen": lambda ex=ex: _timed_s("screen", few, shared, ex, screen_chunk),
-                    "simulate": lambda ex=ex: _timed_s("simulate", sim_pts, lshared, ex, 2),
+                    "screen": lambda ex=ex: _timed("screen", few, shared, ex, screen_chunk)[0],
+                    "simulate": lambda ex=ex: _timed("simulate", sim_pts, lshared, ex, 2)[0],
                     "sweep": lambda ex=ex: _two_tier_s(few, shared, ex, args.workers),
                 }
                 for name, run in runs.items():
@@ -244,8 +239,7 @@ def _two_tier_s(points: Sequence[Point], shared: Shared, executor: Executor, wor
     t0 = time.perf_counter()
     chunk = chunk_size("screen", len(points), workers)
     screened = run_sweep("screen", points, shared, executor=executor, chunk_size=chunk)
-    keys = set(select_candidates(screened, top=48, per_context=2))
-    top = [p for p in points if p.key(shared.contexts[p.context].id) in keys]
+    top = candidate_points(points, screened, shared)
     chunk = chunk_size("simulate", len(top), workers)
     run_sweep("simulate", top, shared, executor=executor, chunk_size=chunk)
     return time.perf_counter() - t0

@@ -70,6 +70,23 @@ def build_shared(space: Space, base_run: RunConfig) -> Shared:
     )
 
 
+TOP_CANDIDATES = 48  # `tilesim sweep --candidates`
+PER_CONTEXT = 2  # `tilesim sweep --per-context`
+
+
+def candidate_points(
+    points: Sequence[Point],
+    rows: Sequence[Row],
+    shared: Shared,
+    *,
+    top: int = TOP_CANDIDATES,
+    per_context: int = PER_CONTEXT,
+) -> list[Point]:
+    """The layouts among ``points`` that `select_candidates` picks from the screened ``rows``."""
+    keys = set(select_candidates(rows, top=top, per_context=per_context))
+    return [p for p in points if p.key(shared.contexts[p.context].id) in keys]
+
+
 def select_candidates(rows: Sequence[Row], *, top: int, per_context: int) -> list[str]:
     """Keys to simulate: the ``top`` fitting layouts by screen tokens/s, plus the best
     ``per_context`` of every context (so scaling and procurement have a simulated best)."""

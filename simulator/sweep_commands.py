@@ -24,15 +24,17 @@ from simulator.rows import ProgressLog, Row, code_fingerprint, final_rows, load_
 from simulator.scenario import Scenario, load_scenario
 from simulator.space import Point, Space, enumerate_space, find_scenario
 from simulator.sweep import (
+    PER_CONTEXT,
+    TOP_CANDIDATES,
     Executor,
     RayOptions,
     Shared,
     Tier,
     build_shared,
+    candidate_points,
     chunk_size,
     ray_session,
     run_sweep,
-    select_candidates,
 )
 
 
@@ -46,8 +48,12 @@ def add_sweep_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("--serial", action="store_true", help="no Ray; identical rows")
     p.add_argument("--top", type=int, default=10, help="rows in the printed ranking")
     p.add_argument("--rank", default="tokens", choices=sorted(RANKINGS), help="ranking")
-    p.add_argument("--candidates", type=int, default=48, help="layouts simulated in full")
-    p.add_argument("--per-context", type=int, default=2, help="also simulate N per cluster")
+    p.add_argument(
+        "--candidates", type=int, default=TOP_CANDIDATES, help="layouts simulated in full"
+    )
+    p.add_argument(
+        "--per-context", type=int, default=PER_CONTEXT, help="also simulate N per cluster"
+    )
     p.add_argument("--set", dest="overrides", action="append", default=[], help="TABLE.KEY=V")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_sweep)
@@ -130,10 +136,10 @@ def _sweep(args: argparse.Namespace) -> int:
     try:
         with ray_session(executor, RayOptions(workers=args.workers, address=args.address)):
             screened = _tier(args, log, "screen", space.points, shared)
-            keys = set(
-                select_candidates(screened, top=args.candidates, per_context=args.per_context)
+            top, per_context = args.candidates, args.per_context
+            chosen = candidate_points(
+                space.points, screened, shared, top=top, per_context=per_context
             )
-            chosen = [p for p in space.points if p.key(shared.contexts[p.context].id) in keys]
             _tier(args, log, "simulate", chosen, shared)
     except KeyboardInterrupt:
         print(f"tilesim: interrupted; rerun the same command to resume ({out})", file=sys.stderr)
