@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from forecast.gpus import GPUSpec
 from forecast.kernels import ITEMSIZE_BYTES
 from forecast.predict import LatencyModel
-from simulator.e2e import graph_result
+from simulator.e2e import E2EResult, graph_result
 from simulator.errors import ConfigError
 from simulator.memory import MemoryEstimate, step_memory
 from simulator.opgraph import Workload, ops_from_blocks
@@ -98,10 +98,9 @@ def module_memory(trace: ModuleTrace, run: Workload, gpu: GPUSpec) -> MemoryEsti
 
 def predict_module(
     spec: str, gpu: GPUSpec, run: Workload, latency_model: LatencyModel
-) -> dict[str, Any]:
-    """The ``tilesim predict`` keys for a traced module, plus ``unmapped_ops``."""
+) -> tuple[E2EResult, dict[str, int]]:
+    """The ``tilesim predict`` result for a traced module, and its unmapped aten ops."""
     trace = trace_builder(spec, run)
     run = run.model_copy(update={"dtype": trace.dtype})
     graph = ops_from_blocks(trace.blocks, run)
-    res = graph_result(graph, gpu, latency_model, module_memory(trace, run, gpu))
-    return {**res.model_dump(), "unmapped_ops": trace.unmapped}
+    return graph_result(graph, gpu, latency_model, module_memory(trace, run, gpu)), trace.unmapped

@@ -87,13 +87,13 @@ def _predict_module(args: argparse.Namespace) -> int:
         raise ConfigError(f"--module needs {', '.join(missing)}")
     run = _workload({"batch": args.batch, "seq": args.seq, "mode": args.mode})
     gpu = load_gpu(str(args.gpu))
-    out = predict_module(args.module, gpu, run, _latency_model(args.latency_model))
+    res, unmapped = predict_module(args.module, gpu, run, _latency_model(args.latency_model))
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps({**res.model_dump(), "unmapped_ops": unmapped}))
         return 0
-    _print_result(E2EResult.model_validate({k: v for k, v in out.items() if k != "unmapped_ops"}))
-    unmapped = ", ".join(f"{k} x{n}" for k, n in out["unmapped_ops"].items()) or "none"
-    print(f"unmapped aten ops (priced as copies): {unmapped}")
+    _print_result(res)
+    listed = ", ".join(f"{k} x{n}" for k, n in unmapped.items()) or "none"
+    print(f"unmapped aten ops (priced as copies): {listed}")
     return 0
 
 
