@@ -27,8 +27,7 @@ from dataclasses import dataclass
 
 from forecast.kernels import ITEMSIZE_BYTES, ROW_FAMILIES, Dtype, KernelSpec, OpFamily
 from forecast.predict import LatencyTable
-from simulator import oprules as r
-from simulator.inventory_hf import Sizes, sizes
+from simulator.inventory_hf import Sizes, attention_core, sizes
 from simulator.models import ModelSpec
 from simulator.opgraph import Block, Workload, inventory
 from simulator.oprules import FrameworkOp
@@ -162,29 +161,19 @@ def _hidden_of(block: Block) -> int:
 
 
 def unfused_attention(z: Sizes) -> list[FrameworkOp]:
-    """Megatron's ``CoreAttention`` without FlashAttention, on one shard's sizes."""
-    bh = z.B * z.nh
-    rows, cols = z.scores
+    """Megatron's ``CoreAttention`` without FlashAttention, on one shard's sizes: in fp32 the
+    torch fallback, the eager ops of `inventory_hf.attention_core` (mask then softmax, the scale
+    folded into the QK^T GEMM); in 16 bits one fused scale-mask-softmax kernel in their place."""
+    ops = attention_core(z, mask_op="where", scale=False)
     if ITEMSIZE_BYTES[z.dt] <= 2:  # fused scale-mask-softmax: y, dy -> dx in one kernel
-        softmax = [
-            FrameworkOp(
-                "softmax",
-                (KernelSpec(OpFamily.SOFTMAX, (rows, cols), z.dt),),
-                (KernelSpec(OpFamily.SOFTMAX, (rows * 3 // 2, cols), z.dt),),
-            )
-        ]
-    else:  # fp32: the torch fallback, mask then eager softmax
-        softmax = [
-            r.memory("mask", "masked_fill", (rows, cols), z.dt, bw_op="masked_fill"),
-            r.softmax("softmax", rows, cols, z.dt),
-        ]
-    return [
-        r.bmm("qk", (bh, z.S, z.d, z.S), z.dt),
-        *softmax,
-        r.dropout("attn_dropout", rows, cols, z.dt),
-        r.bmm("av", (bh, z.S, z.S, z.d), z.dt),
-        r.memory("merge_heads", "copy", (z.T, z.nh * z.d), z.dt),
-    ]
+        rows, cols = z.scores
+        fused = FrameworkOp(
+            "softmax",
+            (KernelSpec(OpFamily.SOFTMAX, (rows, cols), z.dt),),
+            (KernelSpec(OpFamily.SOFTMAX, (rows * 3 // 2, cols), z.dt),),
+        )
+        ops[1:3] = [fused]  # mask, softmax
+    return ops
 
 
 def _with_unfused_attention(layer: Block, z: Sizes) -> Block:
@@ -231,9 +220,10 @@ def shard_kernels(inputs: SimInputs, run: RunConfig) -> ShardKernels:
     blocks = {b.name: b for b in inventory(shard, w)}
     embed, layer, head = blocks["embed"], blocks["layer"], blocks["head"]
     if inputs.framework == "megatron":
-        head = _with_loss(head, sizes(shard, w))
+        z = sizes(shard, w)
+        head = _with_loss(head, z)
         if inputs.attention == "unfused":
-            layer = _with_unfused_attention(layer, sizes(shard, w))
+            layer = _with_unfused_attention(layer, z)
     return ShardKernels(
         embed_fw=_block_kernels(embed, w, run, backward=False),
         embed_bw=_block_kernels(embed, w, run, backward=True),
