@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from forecast.kernels import KernelSpec
 
@@ -129,8 +130,10 @@ def backward_counts(head_dim: int) -> PipeCounts:
     return PipeCounts(10.0 * d, smem, 1.0, 4.0, bc, br)
 
 
-def _pnorm(values: tuple[float, ...], exponent: float) -> float:
-    return float(sum(v**exponent for v in values) ** (1.0 / exponent))
+def pnorm(values: tuple[Any, ...], exponent: float) -> Any:
+    """Times of pipes that overlap imperfectly, combined: their ``exponent``-norm (1 = they add
+    up, infinity = the slowest alone). Scalars or NumPy arrays."""
+    return sum(v**exponent for v in values) ** (1.0 / exponent)
 
 
 def cycles_per_element(counts: PipeCounts, rates: SMRates, overlap: Overlap) -> float:
@@ -140,7 +143,7 @@ def cycles_per_element(counts: PipeCounts, rates: SMRates, overlap: Overlap) -> 
         counts.smem_bytes / SMEM_BYTES_PER_CLK_PER_SM,
         counts.mufu_ops / MUFU_PER_CLK_PER_SM + counts.fp32_ops / rates.fp32_lanes,
     )
-    return _pnorm(pipes, overlap.exponent) / overlap.efficiency
+    return pnorm(pipes, overlap.exponent) / overlap.efficiency
 
 
 def attention_kernel_s(kernel: KernelSpec, rates: SMRates, overlap: Overlap) -> float:
@@ -156,4 +159,4 @@ def attention_kernel_s(kernel: KernelSpec, rates: SMRates, overlap: Overlap) -> 
     tile_clk = counts.tile_rows * swept_padded * cycles_per_element(counts, rates, overlap)
     compute_s = math.ceil(ctas / rates.num_sms) * tile_clk / rates.clock_hz
     memory_s = kernel.bytes() / rates.hbm_bytes_per_s
-    return launches * overlap.launch_s + _pnorm((compute_s, memory_s), overlap.exponent)
+    return launches * overlap.launch_s + pnorm((compute_s, memory_s), overlap.exponent)

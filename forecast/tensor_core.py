@@ -39,6 +39,7 @@ from forecast.flash_attention import (
     SMRates,
     attention_kernel_s,
     kernel_head_dim,
+    pnorm,
 )
 from forecast.gpus import GPUSpec
 from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, OpFamily
@@ -138,8 +139,7 @@ def gemm_shape(kernels: list[KernelSpec], gpu: GPUSpec, params: TCParams) -> Gem
 
 
 def _combine_s(compute_s: F64, memory_s: F64, params: TCParams) -> F64:
-    p = params.overlap_exponent
-    return np.asarray((compute_s**p + memory_s**p) ** (1.0 / p), dtype=np.float64)
+    return np.asarray(pnorm((compute_s, memory_s), params.overlap_exponent), dtype=np.float64)
 
 
 def gemm_latency_s(shape: GemmShape, gpu: GPUSpec, params: TCParams) -> F64:

@@ -99,11 +99,6 @@ class Timeline:
         """End of every task, by node."""
         return dict(zip(self.plan.nodes, self.end, strict=True))
 
-    @functools.cached_property
-    def duration_s(self) -> dict[Node, float]:
-        """Duration of every task, by node."""
-        return dict(zip(self.plan.nodes, self.duration, strict=True))
-
 
 def schedule(step: StepGraph) -> Timeline:
     """Earliest start times under the graph's dependencies and the edges' delays."""

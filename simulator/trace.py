@@ -24,7 +24,7 @@ def chrome_trace(timeline: Timeline) -> dict[str, Any]:
     step = timeline.step
     for node, a in timeline.graph.nodes.items():
         stages.add(a["stage"])
-        duration = timeline.duration_s[node]
+        duration = timeline.step.duration_s(node)
         if duration <= 0:
             continue
         parts = step.parts(node) if a["kind"] == "compute" else {}
