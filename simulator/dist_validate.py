@@ -114,12 +114,14 @@ DDP_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP bucket_cap_mb
 
 
 def _stated(row: dict[str, Any]) -> tuple[int, int, str]:
+    """(micro-batch size, virtual stages per pipeline stage, DDP implementation) of a row."""
     found = next((v for k, v in STATED.items() if row["id"].startswith(k)), None)
     if found is not None:
-        return found
-    per_stage = row["n_layers"] // (row["pp"] * (row["virtual_pipeline_stages"] or 1))
+        mbs, per_virtual_stage, ddp = found
+        v = row["n_layers"] // (row["pp"] * per_virtual_stage) if per_virtual_stage else 1
+        return mbs, v, ddp
     ddp = "deepspeed" if row["optimizer_sharding"].startswith("ZeRO-3") else "local"
-    return row["micro_batch_size"] or 1, per_stage if row["virtual_pipeline_stages"] else 0, ddp
+    return row["micro_batch_size"] or 1, row["virtual_pipeline_stages"] or 1, ddp
 
 
 def _grad_run(row: dict[str, Any], ddp: str) -> dict[str, Any]:
@@ -136,8 +138,7 @@ def _grad_run(row: dict[str, Any], ddp: str) -> dict[str, Any]:
 def published_scenario(row: dict[str, Any], *, latency_model: str = "auto") -> Scenario:
     """A scenario from one ``dev_runs.json`` row (inferences: module docstring)."""
     model_keys = ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "ffn_hidden_size")
-    mbs, per_virtual_stage, ddp = _stated(row)
-    v = row["n_layers"] // (row["pp"] * per_virtual_stage) if per_virtual_stage else 1
+    mbs, v, ddp = _stated(row)
     run = {
         "tp": row["tp"],
         "pp": row["pp"],
