@@ -6,7 +6,9 @@ the top candidates >= 20/s per core; Ray with 2 workers >= 1.6x the serial rate 
 of a few thousand layouts (printed for the screen alone, the simulation alone, and both tiers
 as `tilesim sweep` runs them). Ray start-up is timed separately (a warm-up), not in rates.
 Serial and Ray alternate for ``--rounds`` rounds from empty graph caches and the best round of
-each counts (``timeit``'s rule for a machine whose other load comes and goes).
+each counts (``timeit``'s rule for a machine whose other load comes and goes); the median of
+the rounds' own serial/Ray ratios is printed beside it (this VM's speed drifts by up to 2x
+within a minute, so a single round's ratio says little).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import functools
 import multiprocessing
 import os
+import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -93,7 +96,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--simulate", type=int, default=40, help="layouts simulated in full")
     parser.add_argument("--ray-layouts", type=int, default=4000)
-    parser.add_argument("--rounds", type=int, default=3, help="alternating serial/Ray rounds")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating serial/Ray rounds")
     args = parser.parse_args()
     scenario = load_scenario(find_scenario("gpt3-175b-h100"), overrides=WIDE)
     t0 = time.perf_counter()
@@ -136,6 +139,7 @@ def main() -> None:
     screen_chunk = chunk_size("screen", len(few), args.workers)
     pool_s = _pool_screen_s(few, shared, args.workers, screen_chunk)
     best: dict[tuple[str, str], float] = {}
+    paired: dict[str, list[float]] = {"screen": [], "simulate": [], "sweep": []}
     t0 = time.perf_counter()
     with ray_session("ray", RayOptions(workers=args.workers)):
         # warm every worker (imports, first task) before timing: 8 small tasks
@@ -146,6 +150,7 @@ def main() -> None:
         # Ray); every run starts from empty graph caches in every process that simulates; the
         # best of the rounds counts for each, so a passing hiccup of this shared VM decides
         # neither.
+        last: dict[str, float] = {}
         for _ in range(args.rounds):
             for ex in ("serial", "ray"):
                 runs = {
@@ -157,6 +162,9 @@ def main() -> None:
                     _clear_caches(ex, args.workers)
                     dt = run()
                     best[name, ex] = min(best.get((name, ex), float("inf")), dt)
+                    if ex == "ray":
+                        paired[name].append(last[name] / dt)
+                    last[name] = dt
     ratio = {k: best[k, "serial"] / best[k, "ray"] for k in ("screen", "simulate", "sweep")}
     rounds = f"best of {args.rounds} alternating rounds"
     print(
@@ -176,6 +184,10 @@ def main() -> None:
         f"48 + 2 per cluster size, its chunk sizes; {rounds}): serial "
         f"{best['sweep', 'serial']:.2f} s, Ray x{args.workers} {best['sweep', 'ray']:.2f} s "
         f"({ratio['sweep']:.2f}x)"
+    )
+    print(
+        "median of the rounds' own serial/Ray ratios: "
+        + ", ".join(f"{k} {statistics.median(v):.2f}x" for k, v in paired.items())
     )
     print(f"this machine: {args.workers} processes of pure Python run {ceiling:.2f}x one (ceiling)")
 

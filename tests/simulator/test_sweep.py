@@ -17,7 +17,14 @@ from simulator.schedules import SCHEDULES, in_flight
 from simulator.screen import ScreenCache, in_flight_closed, screen
 from simulator.simulate import latency_table, simulate
 from simulator.space import enumerate_space, find_scenario
-from simulator.sweep import _graph_tasks, _shape_key, build_shared, run_sweep, simulate_chunks
+from simulator.sweep import (
+    _graph_tasks,
+    _piece_cost,
+    _shape_key,
+    build_shared,
+    run_sweep,
+    simulate_chunks,
+)
 
 TINY = find_scenario("tiny-gpt-8gpu")
 PROCUREMENT = """
@@ -210,7 +217,7 @@ def test_simulate_chunks_keep_shapes_whole_heaviest_first() -> None:
     scenario = load_scenario(TINY)
     space = enumerate_space(scenario)
     shared = build_shared(space, scenario.run)
-    size = 3
+    size = 8
     chunks = simulate_chunks(space.points, size, shared)
     flat = [p for c in chunks for p in c]
     assert len(flat) == len(space.points) and set(flat) == set(space.points)
@@ -222,3 +229,14 @@ def test_simulate_chunks_keep_shapes_whole_heaviest_first() -> None:
     assert all(len(set(at)) == 1 for at in shapes.values() if len(at) <= size)
     cost = [_graph_tasks(p, shared) for p in flat]
     assert cost == sorted(cost, reverse=True)
+    # Shapes share a chunk only while it stays within an average full chunk's cost.
+    pieces = {_shape_key(p): [q for q in flat if _shape_key(q) == _shape_key(p)] for p in flat}
+    budget = sum(_piece_cost(g, shared) for g in pieces.values()) * size / len(flat)
+    for c in chunks:
+        shapes_in = {_shape_key(p) for p in c}
+        if len(shapes_in) > 1:
+            assert (
+                sum(_piece_cost([p for p in c if _shape_key(p) == k], shared) for k in shapes_in)
+                <= budget
+            )
+    assert len({_shape_key(p) for p in chunks[0]}) == 1  # the heaviest shape: a task of its own
