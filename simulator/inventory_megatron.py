@@ -4,7 +4,11 @@ Fused kernels and how they are modelled with the forecaster's families:
 
 * fused layer norm / RMSNorm: one ``layernorm`` kernel (backward: the rule of `oprules`);
 * flash attention: no ``S x S`` tensor in DRAM; forward = the two attention GEMMs (QK^T, AV)
-  as ``bmm`` kernels, backward = five (recomputed QK^T, dV, dP, dQ, dK);
+  as ``bmm`` kernels, backward = five (recomputed QK^T, dV, dP, dQ, dK); with
+  ``Workload.attention = "unfused"``, Megatron's ``CoreAttention`` before FlashAttention
+  instead (`unfused_attention`): ``baddbmm`` QK^T, the fused scale-mask-softmax kernel (16-bit;
+  fp32 falls back to ``masked_fill`` + eager softmax), attention dropout, ``bmm`` AV and the
+  head-merge copy, over ``b * a/t * s * s`` scores;
 * fused bias-GeLU / SwiGLU: one element-wise kernel over the FFN activations;
 * fused bias-dropout-add: one element-wise ``add``;
 * fused Adam: see `opgraph.optimizer_kernels`.
@@ -14,9 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from forecast.kernels import KernelSpec, OpFamily
+from forecast.kernels import ITEMSIZE_BYTES, KernelSpec, OpFamily
 from simulator import oprules as r
-from simulator.inventory_hf import Sizes, sizes
+from simulator.inventory_hf import Sizes, attention_core, sizes
 from simulator.models import ModelSpec
 from simulator.opgraph import Block, Workload
 from simulator.oprules import FrameworkOp
@@ -29,6 +33,22 @@ def flash_attention(z: Sizes) -> FrameworkOp:
     av = KernelSpec(OpFamily.BMM, (bh, z.S, z.S, z.d), z.dt)
     grad_k = KernelSpec(OpFamily.BMM, (bh, z.S, z.S, z.d), z.dt)
     return FrameworkOp("flash_attention", (qk, av), (qk, av, av, grad_k, grad_k))
+
+
+def unfused_attention(z: Sizes) -> list[FrameworkOp]:
+    """Megatron's ``CoreAttention`` without FlashAttention: in fp32 the torch fallback, the
+    eager ops of `inventory_hf.attention_core` (mask then softmax, the scale folded into the
+    QK^T GEMM); in 16 bits one fused scale-mask-softmax kernel in their place."""
+    ops = attention_core(z, mask_op="where", scale=False)
+    if ITEMSIZE_BYTES[z.dt] <= 2:  # fused scale-mask-softmax: y, dy -> dx in one kernel
+        rows, cols = z.scores
+        fused = FrameworkOp(
+            "softmax",
+            (KernelSpec(OpFamily.SOFTMAX, (rows, cols), z.dt),),
+            (KernelSpec(OpFamily.SOFTMAX, (rows * 3 // 2, cols), z.dt),),
+        )
+        ops[1:3] = [fused]  # mask, softmax
+    return ops
 
 
 def _ffn(m: ModelSpec, z: Sizes, rows: int) -> list[FrameworkOp]:
@@ -60,10 +80,11 @@ def decoder(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
             *(_ffn(m, z, rows) * m.num_experts),
             r.memory("unpermute", "copy", (z.T * m.experts_per_token, z.H), z.dt, bw_op="copy"),
         ]
+    attention = [flash_attention(z)] if run.attention == "flash" else unfused_attention(z)
     layer = [
         r.layernorm("input_norm", z.T, z.H, z.dt),
         r.linear("qkv", z.T, (z.H, qkv), z.dt, bias=m.bias),
-        flash_attention(z),
+        *attention,
         r.linear("proj", z.T, (z.nh * z.d, z.H), z.dt, bias=m.bias),
         r.elementwise("bias_dropout_add", "add", (z.T, z.H), z.dt),
         r.layernorm("post_norm", z.T, z.H, z.dt),

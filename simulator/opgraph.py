@@ -49,6 +49,9 @@ class Workload(BaseModel):
     mode: Literal["inf", "train"] = "train"
     framework: Framework = "hf-eager"
     dtype: Dtype = Dtype.FP32
+    # ``megatron`` only (HF eager is always unfused): FlashAttention, or Megatron's
+    # ``CoreAttention`` before it (`inventory_megatron.unfused_attention`).
+    attention: Literal["flash", "unfused"] = "flash"
 
     @property
     def tokens(self) -> int:

@@ -9,10 +9,8 @@ and vocabulary divided by ``tp``, the sequence by ``cp``, experts by ``ep``; the
 * context parallelism: the attention core runs ``cp`` ring steps of ``(S/cp) x (S/cp)`` blocks;
 * recomputation: ``full`` re-runs each layer's forward before its backward, ``selective``
   re-runs the attention core only (Korthikanti et al. 2022);
-* unfused attention (`SimInputs.attention`, ``megatron`` only): the inventory's flash-attention
-  op becomes Megatron's ``CoreAttention`` before FlashAttention: ``baddbmm`` QK^T, the fused
-  scale-mask-softmax kernel (16-bit; fp32 falls back to ``masked_fill`` + eager softmax),
-  attention dropout, ``bmm`` AV and the head-merge copy, over ``b * a/t * s * s`` scores;
+* unfused attention (`SimInputs.attention`, ``megatron`` only): passed to the inventory as
+  `Workload.attention` (`inventory_megatron.unfused_attention`);
 * the loss (``megatron``): Megatron's vocabulary-parallel cross-entropy on the ``(tokens, V/t)``
   logits, in fp32 (16-bit logits are cast up first and the gradient cast back): max, subtract,
   exp, sum and divide (four read-write passes of the logits) forward, one scaling pass backward.
@@ -27,7 +25,7 @@ from dataclasses import dataclass
 
 from forecast.kernels import ITEMSIZE_BYTES, ROW_FAMILIES, Dtype, KernelSpec, OpFamily
 from forecast.predict import LatencyTable
-from simulator.inventory_hf import Sizes, attention_core, sizes
+from simulator.inventory_hf import Sizes, sizes
 from simulator.models import ModelSpec
 from simulator.opgraph import Block, Workload, inventory
 from simulator.oprules import FrameworkOp
@@ -160,29 +158,6 @@ def _hidden_of(block: Block) -> int:
     return -1
 
 
-def unfused_attention(z: Sizes) -> list[FrameworkOp]:
-    """Megatron's ``CoreAttention`` without FlashAttention, on one shard's sizes: in fp32 the
-    torch fallback, the eager ops of `inventory_hf.attention_core` (mask then softmax, the scale
-    folded into the QK^T GEMM); in 16 bits one fused scale-mask-softmax kernel in their place."""
-    ops = attention_core(z, mask_op="where", scale=False)
-    if ITEMSIZE_BYTES[z.dt] <= 2:  # fused scale-mask-softmax: y, dy -> dx in one kernel
-        rows, cols = z.scores
-        fused = FrameworkOp(
-            "softmax",
-            (KernelSpec(OpFamily.SOFTMAX, (rows, cols), z.dt),),
-            (KernelSpec(OpFamily.SOFTMAX, (rows * 3 // 2, cols), z.dt),),
-        )
-        ops[1:3] = [fused]  # mask, softmax
-    return ops
-
-
-def _with_unfused_attention(layer: Block, z: Sizes) -> Block:
-    ops: list[FrameworkOp] = []
-    for fop in layer.ops:
-        ops += unfused_attention(z) if fop.name == "flash_attention" else [fop]
-    return Block(layer.name, tuple(ops), layer.repeat, layer.host_ops)
-
-
 def _with_loss(head: Block, z: Sizes) -> Block:
     """The head plus Megatron's vocab-parallel cross-entropy over fp32 logits (see above)."""
     fp32 = Dtype.FP32
@@ -215,6 +190,7 @@ def shard_kernels(inputs: SimInputs, run: RunConfig) -> ShardKernels:
         seq=inputs.seq_len // run.cp,
         framework=inputs.framework,
         dtype=inputs.dtype,
+        attention=inputs.attention,
     )
     shard = shard_model(inputs.model, run)
     blocks = {b.name: b for b in inventory(shard, w)}
@@ -222,8 +198,6 @@ def shard_kernels(inputs: SimInputs, run: RunConfig) -> ShardKernels:
     if inputs.framework == "megatron":
         z = sizes(shard, w)
         head = _with_loss(head, z)
-        if inputs.attention == "unfused":
-            layer = _with_unfused_attention(layer, z)
     return ShardKernels(
         embed_fw=_block_kernels(embed, w, run, backward=False),
         embed_bw=_block_kernels(embed, w, run, backward=True),
