@@ -126,11 +126,6 @@ def resolve_op(op: str) -> tuple[OpFamily, str]:
     raise ValueError(f"unknown op {op!r}; accepted: {', '.join(known)}")
 
 
-def family_of_op(op: str) -> OpFamily:
-    """Return the family of an operator name (``gelu`` -> elementwise, ``ln`` -> layernorm)."""
-    return resolve_op(op)[0]
-
-
 @dataclass(frozen=True, slots=True)
 class KernelSpec:
     """One kernel launch: family, operator, shape and dtype. Hashable: a memo key."""

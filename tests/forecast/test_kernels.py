@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from forecast.kernels import Dtype, KernelSpec, OpFamily, family_of_op
+from forecast.kernels import Dtype, KernelSpec, OpFamily, resolve_op
 
 
 def test_bmm_flops_and_bytes_by_hand() -> None:
@@ -44,11 +44,12 @@ def test_op_must_belong_to_family() -> None:
         KernelSpec(OpFamily.ELEMENTWISE, (1, 1), op="softmax")
 
 
-def test_family_of_op_names_the_accepted_ops() -> None:
-    assert family_of_op("gelu") is OpFamily.ELEMENTWISE
-    assert family_of_op("ln") is OpFamily.LAYERNORM
+def test_resolve_op_names_the_accepted_ops() -> None:
+    assert resolve_op("gelu") == (OpFamily.ELEMENTWISE, "gelu")
+    assert resolve_op("ln") == (OpFamily.LAYERNORM, "layernorm")
+    assert resolve_op("memory") == (OpFamily.MEMORY, "copy")  # a family: its first op
     with pytest.raises(ValueError, match="accepted"):
-        family_of_op("conv9d")
+        resolve_op("conv9d")
 
 
 def test_kernelspec_is_a_hashable_memo_key() -> None:
