@@ -65,9 +65,11 @@ class LayerComm:
     ep_fw_s: float
     ep_bw_s: float
     pp_hop_s: float
-    tp_ar_s: float = 0.0
-    tp_ag_s: float = 0.0
-    tp_rs_s: float = 0.0
+    # One TP collective of ``A`` each: all-reduce without sequence parallelism, all-gather and
+    # reduce-scatter with it (0.0 where the layout runs none); `stepcosts.tp_bw_exposed_s`.
+    tp_ar_s: float
+    tp_ag_s: float
+    tp_rs_s: float
 
 
 def activation_bytes(inputs: SimInputs, layout: Layout) -> float:
@@ -82,24 +84,25 @@ def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
     run, cl, m = layout.run, inputs.cluster, inputs.model
     a = activation_bytes(inputs, layout)
     g = layout.tp_group
-    ar = collective_s("all-reduce", a, g, cl)
-    ag = collective_s("all-gather", a, g, cl)
-    rs = collective_s("reduce-scatter", a, g, cl)
-    tp_one = ag + rs if run.sequence_parallel else ar
+    sp = run.sequence_parallel
+    ag = collective_s("all-gather", a, g, cl)  # also the PP hop's gather without SP
+    ar = 0.0 if sp else collective_s("all-reduce", a, g, cl)
+    rs = collective_s("reduce-scatter", a, g, cl) if sp else 0.0
+    tp_one = ag + rs if sp else ar
     kv = 2 * run.micro_batch_size * inputs.seq_len * m.kv_heads * m.dhead / run.tp
     kv_bytes = kv * ITEMSIZE_BYTES[inputs.dtype]
     a2a = a * m.experts_per_token
     ep = 2 * collective_s("all-to-all", a2a, layout.ep_group, cl) if m.num_experts > 1 else 0.0
     return LayerComm(
         tp_fw_s=2 * tp_one,
-        tp_bw_s=2 * tp_one + (2 * ag if run.sequence_parallel else 0.0),
+        tp_bw_s=2 * tp_one + (2 * ag if sp else 0.0),
         tp_embed_s=tp_one,
         cp_fw_s=collective_s("all-gather", kv_bytes, layout.cp_group, cl),
         cp_bw_s=collective_s("reduce-scatter", kv_bytes, layout.cp_group, cl),
         ep_fw_s=ep,
         ep_bw_s=ep,
         pp_hop_s=collective_s("send-recv", a / run.tp, layout.pp_pair, cl)
-        + (0.0 if run.sequence_parallel or run.pp == 1 else ag),
+        + (0.0 if sp or run.pp == 1 else ag),
         tp_ar_s=ar,
         tp_ag_s=ag,
         tp_rs_s=rs,

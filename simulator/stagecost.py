@@ -75,9 +75,9 @@ class ShardKernels:
     attention_fw: Counted
     head_fw: Counted
     head_bw: Counted
-    col_dgrad: tuple[Counted, ...] = ()
-    col_wgrad: tuple[Counted, ...] = ()
-    optimizer_bytes_per_param: float = OPTIMIZER_BYTES_PER_PARAM[Dtype.BF16]
+    col_dgrad: tuple[Counted, ...]
+    col_wgrad: tuple[Counted, ...]
+    optimizer_bytes_per_param: float
 
     def all(self) -> set[KernelSpec]:
         """Every distinct kernel, plus the optimizer's reference kernel."""
@@ -101,8 +101,8 @@ class BlockTimes:
     head_fw_s: float
     head_bw_s: float
     adam_s_per_param: float
-    col_dgrad_s: tuple[float, ...] = ()
-    col_wgrad_s: tuple[float, ...] = ()
+    col_dgrad_s: tuple[float, ...]
+    col_wgrad_s: tuple[float, ...]
 
 
 def shard_model(model: ModelSpec, run: RunConfig) -> ModelSpec:
