@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import traceback
 import uuid
 from collections import OrderedDict
@@ -301,19 +302,36 @@ def _ray_init(opts: RayOptions) -> bool:
     return True
 
 
+_WORKER_SHARED: dict[str, Shared] = {}
+
+
+def _ray_chunk(tier: Tier, points: Sequence[Point], token: str, boxed: list[Any]) -> bytes:
+    """The Ray task: `evaluate_chunk`, with this sweep's `Shared` fetched once per worker (its
+    ref travels in a list, so Ray does not resolve and deserialise it for every task), and the
+    rows returned as plain pickle bytes (Ray's cloudpickle took 3x longer on 500 row dicts:
+    about 12 ms a screen chunk, a third of its work)."""
+    shared = _WORKER_SHARED.get(token)
+    if shared is None:
+        import ray
+
+        _WORKER_SHARED.clear()  # one sweep at a time per worker
+        shared = _WORKER_SHARED[token] = ray.get(boxed[0])
+    return pickle.dumps(evaluate_chunk(tier, points, shared), protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def _run_ray(
     tier: Tier, chunks: list[Sequence[Point]], shared: Shared, on_rows: Callable[[list[Row]], None]
 ) -> None:
     import ray
 
-    remote = ray.remote(max_retries=MAX_RETRIES)(evaluate_chunk)
-    shared_ref = ray.put(shared)
-    pending = {remote.remote(tier, c, shared_ref): c for c in chunks}
+    remote = ray.remote(max_retries=MAX_RETRIES)(_ray_chunk)
+    boxed = [ray.put(shared)]
+    pending = {remote.remote(tier, c, shared.token, boxed): c for c in chunks}
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=1)
         chunk = pending.pop(ready[0])
         try:
-            rows = ray.get(ready[0])
+            rows = pickle.loads(ray.get(ready[0]))
         except (ray.exceptions.RayError, OSError) as e:
             rows = _failed_chunk(tier, chunk, shared, repr(e))
         on_rows(rows)
