@@ -4,7 +4,7 @@ and Switch Transformer (T5 encoder-decoder, every ``moe_every``-th FFN a top-1 M
 Llama is not checked against a per-op trace (the NeuSight labels have none); Switch against
 its one full-model trace on L4 (T5 attention has no score scaling; the position bias is a
 full-size add). Expert FFNs see ``tokens * experts_per_token / num_experts`` tokens
-each (balanced routing), at most ``expert_capacity`` (HF Switch drops the rest).
+each (balanced routing), at most ``expert_capacity`` per sequence (HF Switch drops the rest).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def llama(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     qd, kvd = z.nh * z.d, z.kv * z.d
     ffn: list[FrameworkOp] = swiglu_ffn("mlp", z.T, z)
     if m.num_experts > 1:
-        rows = m.expert_rows(z.T)
+        rows = m.expert_rows(z.T, z.B)
         ffn = moe_ffn(m, z, swiglu_ffn("expert", rows, z), rows)
     repeat_kv = [r.memory(f"repeat_{x}", "copy", (z.T, qd), z.dt) for x in "kv"]
     layer = [
@@ -117,7 +117,7 @@ def _t5_attention(z: Sizes, tag: str) -> list[FrameworkOp]:
 
 
 def _t5_ffn(m: ModelSpec, z: Sizes, *, moe: bool) -> list[FrameworkOp]:
-    rows = m.expert_rows(z.T) if moe else z.T
+    rows = m.expert_rows(z.T, z.B) if moe else z.T
     dense = [
         r.linear("wi", rows, (z.H, z.F), z.dt, bias=False),
         r.elementwise("relu", "relu", (rows, z.F), z.dt),

@@ -47,12 +47,16 @@ class ModelSpec(BaseModel):
     num_experts: int = Field(default=1, gt=0)
     experts_per_token: int = Field(default=1, gt=0)
     moe_every: int = Field(default=1, gt=0, description="every n-th layer is MoE")
-    expert_capacity: int = Field(default=0, ge=0, description="max tokens per expert; 0 = no cap")
+    expert_capacity: int = Field(
+        default=0, ge=0, description="max tokens per expert and sequence; 0 = no cap"
+    )
 
-    def expert_rows(self, tokens: int) -> int:
-        """Tokens one expert processes under balanced routing and the capacity cap."""
-        rows = max(1, tokens * self.experts_per_token // self.num_experts)
-        return min(rows, self.expert_capacity) if self.expert_capacity else rows
+    def expert_rows(self, tokens: int, sequences: int = 1) -> int:
+        """Tokens one expert processes under balanced routing: ``tokens`` in ``sequences``
+        equal sequences, each capped at ``expert_capacity`` (HF Switch counts a token's place
+        in its expert's queue along its own sequence: a cumsum over the sequence axis)."""
+        rows = max(1, tokens // sequences * self.experts_per_token // self.num_experts)
+        return (min(rows, self.expert_capacity) if self.expert_capacity else rows) * sequences
 
     @property
     def kv_heads(self) -> int:

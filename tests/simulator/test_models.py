@@ -59,3 +59,14 @@ def test_inference_has_no_backward_or_optimizer() -> None:
     graph = build_ops(load_model("tiny-gpt"), Workload(batch=2, seq=64, mode="inf"))
     assert {op.phase for op in graph.ops} == {Phase.FORWARD}
     assert not any(op.kernel.op == "dropout" for op in graph.ops)
+
+
+def test_switch_expert_capacity_caps_each_sequence() -> None:
+    """HF Switch counts a token's place in its expert's queue along its own sequence (a cumsum
+    over the sequence axis), so the cap of 64 binds per sequence: two sequences of 2048 tokens
+    on 4 experts give each expert 2 x 64 rows, not 64."""
+    update = {"num_experts": 4, "experts_per_token": 1, "expert_capacity": 64}
+    m = load_model("mixtral-8x7b").model_copy(update=update)
+    assert m.expert_rows(2 * 2048, 2) == 2 * 64
+    assert m.expert_rows(2 * 128, 2) == 2 * 32  # under the cap: balanced routing
+    assert m.model_copy(update={"expert_capacity": 0}).expert_rows(2 * 2048, 2) == 1024
