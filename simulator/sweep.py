@@ -7,7 +7,8 @@ function as a remote task over chunks) give identical rows; rows are sorted by k
 
 Ray: unless ``address`` names a cluster, a local Ray is started with ``num_cpus=workers``,
 no dashboard and usage stats off, and shut down afterwards. The `Shared` inputs (contexts and
-their kernel tables, computed once in the driver) are sent once with ``ray.put``. A task whose
+their kernel tables, computed once in the driver) are sent once with ``ray.put`` and fetched
+once per worker (`_ray_chunk`); rows come back as plain pickle bytes. A task whose
 worker dies is retried by Ray (``max_retries``); if it still fails, its layouts become
 ``error`` rows. An exception inside one layout becomes that layout's ``error`` row (with the
 traceback) and the others go on.
