@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from forecast.kernels import Dtype, KernelSpec, OpFamily
-from simulator.errors import ConfigError
+from simulator.errors import ConfigError, at_least
 
 
 def gemm_kernel(dims_text: str, dtype: str) -> KernelSpec:
@@ -56,6 +56,10 @@ def _choices(text: str | None, allowed: tuple[str, ...], flag: str) -> tuple[str
 
 def _collect(args: argparse.Namespace) -> int:
     from forecast import profile
+
+    at_least("--repeats", args.repeats, 1)
+    if args.budget_s is not None and args.budget_s <= 0:
+        raise ConfigError(f"--budget-s must be positive, got {args.budget_s}")
 
     cfg = profile.CollectConfig(
         device=args.device,

@@ -13,3 +13,9 @@ class InfeasibleConfig(Exception):  # noqa: N818 (a result, not a bug: calculon'
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+def at_least(flag: str, value: float, lo: float) -> None:
+    """Raise `ConfigError` naming ``flag`` unless ``value >= lo``."""
+    if value < lo:
+        raise ConfigError(f"{flag} must be at least {lo}, got {value}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import socket
 import traceback
 import uuid
 from collections import OrderedDict
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from forecast.predict import LatencyTable
-from simulator.errors import InfeasibleConfig
+from simulator.errors import ConfigError, InfeasibleConfig
 from simulator.parallel import RunConfig
 from simulator.rows import Row, add_training_cost, blank_row
 from simulator.screen import ScreenCache, screen
@@ -297,10 +298,32 @@ def _ray_init(opts: RayOptions) -> bool:
         "log_to_driver": False,
     }
     if opts.address:
-        ray.init(address=opts.address, **common)
+        _check_reachable(opts.address)
+        try:
+            ray.init(address=opts.address, **common)
+        except ConnectionError as e:
+            raise ConfigError(
+                f"--address {opts.address}: no Ray cluster to join ({e}); start one with "
+                "`ray start --head` or leave out --address for a local Ray"
+            ) from None
     else:
         ray.init(num_cpus=opts.workers, **common)
     return True
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on a ``HOST:PORT`` where nothing listens: ``ray.init`` would retry it for
+    minutes. ``auto`` and ``ray://`` addresses are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(
+            f"--address {address}: cannot connect ({e}); give the HOST:PORT of a running Ray "
+            "head (`ray start --head` prints it) or leave out --address for a local Ray"
+        ) from None
 
 
 _WORKER_SHARED: dict[str, Shared] = {}

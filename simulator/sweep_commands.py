@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from simulator.errors import InfeasibleConfig
+from simulator.errors import InfeasibleConfig, at_least
 from simulator.report import RANKINGS, markdown_report, top_table
 from simulator.rows import ProgressLog, Row, code_fingerprint, final_rows, load_rows, write_rows
 from simulator.scenario import Scenario, load_scenario
@@ -122,19 +122,25 @@ def _tier(
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    at_least("--workers", args.workers, 1)
+    at_least("--top", args.top, 1)
+    at_least("--candidates", args.candidates, 0)
+    at_least("--per-context", args.per_context, 0)
     scenario = load_scenario(find_scenario(args.scenario), overrides=tuple(args.overrides))
     space = enumerate_space(scenario)
     if not space.points:
         raise InfeasibleConfig(f"no valid layout in the sweep ({space.pruned} pruned)")
     out = args.out or _out_dir(scenario)
-    log = ProgressLog(out, code_fingerprint())
-    if log.stale:
-        print(f"tilesim: {out} holds rows of other tilesim code; starting afresh", file=sys.stderr)
-    _write_resolved(scenario, space, out)
     shared = build_shared(space, scenario.run)
     executor: Executor = "serial" if args.serial else "ray"
     try:
+        # Ray first: a cluster that cannot be joined leaves nothing written.
         with ray_session(executor, RayOptions(workers=args.workers, address=args.address)):
+            log = ProgressLog(out, code_fingerprint())
+            if log.stale:
+                stale = f"tilesim: {out} holds rows of other tilesim code; starting afresh"
+                print(stale, file=sys.stderr)
+            _write_resolved(scenario, space, out)
             screened = _tier(args, log, "screen", space.points, shared)
             top, per_context = args.candidates, args.per_context
             chosen = candidate_points(

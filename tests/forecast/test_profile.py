@@ -75,3 +75,6 @@ def test_cli_collect_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     text = capsys.readouterr().out
     assert "measured 2 kernels" in text and "softmax fp8" in text
     assert main(["kernels", "collect", "--device", "cpu", "--ops", "nope", "--out", "x"]) == 2
+    assert main([*argv, "--out", str(out), "--repeats", "0"]) == 2
+    assert main([*argv, "--out", str(out), "--budget-s", "0"]) == 2
+    assert "--repeats must be at least 1, got 0" in capsys.readouterr().err

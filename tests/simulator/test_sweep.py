@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from dataclasses import replace
 from pathlib import Path
 
@@ -199,6 +200,30 @@ def test_procurement_report_costs_each_option(tmp_path: Path) -> None:
     table = procurement_table(rows, by="cost")
     assert "a100" in table and "h100" in table
     assert main(["sweep", str(TINY), "--serial", "--out", str(out / "t"), "--rank", "cost"]) == 2
+
+
+@pytest.mark.parametrize("flag", ["--workers", "--top"])
+def test_a_count_below_one_is_refused_before_anything_is_written(
+    tmp_path: Path, flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    assert _sweep(out, flag, "0") == 2
+    assert f"{flag} must be at least 1, got 0" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_an_address_where_no_ray_listens_is_refused_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "out"
+    argv = ["sweep", str(TINY), "--no-progress", "--out", str(out)]
+    assert main([*argv, "--address", f"127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err
+    assert f"--address 127.0.0.1:{port}: cannot connect" in err and "Traceback" not in err
+    assert not out.exists()
 
 
 @pytest.mark.ray
