@@ -76,6 +76,26 @@ def family_times_s(graph: OpGraph, table: LatencyTable, over: Overheads) -> dict
     return dict(sorted(out.items()))
 
 
+def framework_family_times_s(
+    graph: OpGraph, table: LatencyTable, over: Overheads
+) -> dict[str, float]:
+    """Kernel time (with gaps) over forward and backward per family of the framework op each
+    kernel serves, as a per-op trace attributes it: a backward kernel and a parameter's
+    gradient accumulation (``NAME.acc``) count with the forward op ``NAME`` (a softmax's
+    backward multiply is softmax time, a linear layer's ``add`` into its gradient is linear
+    time)."""
+    owner: dict[str, str] = {}
+    for op in graph.ops:
+        if op.phase is Phase.FORWARD:
+            owner.setdefault(op.name, op.kernel.family.value)
+    out: dict[str, float] = defaultdict(float)
+    for op in graph.ops:
+        if op.phase is not Phase.OPTIMIZER:
+            fam = owner.get(op.name.removesuffix(".acc"), op.kernel.family.value)
+            out[fam] += op.count * (table[op.kernel] + over.gap_s)
+    return dict(sorted(out.items()))
+
+
 def predict_graph(graph: OpGraph, table: LatencyTable, over: Overheads) -> dict[Phase, float]:
     """Seconds per phase."""
     return {p: phase_time_s(graph, table, p, over) for p in Phase}

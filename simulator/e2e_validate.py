@@ -8,8 +8,6 @@ folders whose device has no catalog entry (MI250) are skipped with a reason. Fus
 
 from __future__ import annotations
 
-import csv
-import gzip
 import json
 import re
 from dataclasses import dataclass
@@ -17,18 +15,19 @@ from pathlib import Path
 
 import numpy as np
 
+from forecast.dataset import load_measurements, neusight_files
 from forecast.gpus import GPUError, GPUSpec, load_gpu
+from forecast.kernels import OpFamily
 from forecast.predict import LatencyModel, LatencyTable
 from forecast.stream import stream_table
 from simulator.e2e import Overheads, predict_graph
+from simulator.label_trace import trace_family_ms, trace_gemms
 from simulator.models import ModelSpec, load_model
 from simulator.opgraph import OpGraph, Phase, Workload, build_ops
 
 TRAINING_GPUS = ("p4", "p100-pcie-16gb", "t4", "v100-pcie-32gb", "a100-pcie-40gb")
 RUN_NAME = re.compile(r"^(?P<model>\w+)-(?P<mode>inf|train)-(?P<seq>\d+)-(?P<batch>\d+)$")
 MODEL_ALIASES = {"switch4": "switch-base-4"}
-# Module path of the traced model's one transformer layer (GPT-2/GPT-3-style, BERT, OPT).
-LAYER0 = re.compile(r"'(transformer\.h|bert\.encoder\.layer|model\.decoder\.layers)\.0'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,24 +41,12 @@ class Label:
     e2e_ms: float
     fw_ms: float
     bw_ms: float
-    trace_ms: float | None = None  # the run's per-op trace summed to the full model
+    trace_family_ms: dict[str, float] | None = None  # the run's per-op trace, per family
 
-
-def trace_sum_ms(path: Path, num_layers: int) -> float | None:
-    """Sum of a one-layer per-op trace scaled to ``num_layers`` (NeuSight README: layer-0
-    rows x ``num_layer`` + the other rows), forward + backward + gradient accumulation, ms.
-    None when the trace has no layer-0 rows (Switch's full-model trace) or is absent."""
-    if not path.is_file() or num_layers <= 0:
-        return None
-    layer = rest = 0.0
-    with gzip.open(path, "rt", newline="") as f:
-        for row in csv.DictReader(f):
-            t = sum(float(row[k] or 0.0) for k in ("fw_latency", "bw_latency", "acc_latency"))
-            if LAYER0.search(row["meta"]):
-                layer += t
-            else:
-                rest += t
-    return layer * num_layers + rest if layer > 0 else None
+    @property
+    def trace_ms(self) -> float | None:
+        """The run's per-op trace summed to the full model, ms."""
+        return None if self.trace_family_ms is None else sum(self.trace_family_ms.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +75,7 @@ def load_labels(data_dir: Path) -> tuple[list[Label], dict[str, str]]:
             raw = json.loads(path.read_text())
             run = Workload(batch=int(m["batch"]), seq=int(m["seq"]), mode=m["mode"])  # type: ignore[arg-type]
             model = MODEL_ALIASES.get(m["model"], m["model"])
-            trace = trace_sum_ms(path.with_suffix(".csv.gz"), int(raw.get("num_layer") or 0))
+            trace = trace_family_ms(path.with_suffix(".csv.gz"), int(raw.get("num_layer") or 0))
             labels.append(
                 Label(
                     gpu.id,
@@ -102,6 +89,28 @@ def load_labels(data_dir: Path) -> tuple[list[Label], dict[str, str]]:
                 )
             )
     return labels, skipped
+
+
+def same_gemm_ratios(data_dir: Path) -> dict[str, np.ndarray]:
+    """Per GPU: a label trace's linear-layer call time over the kernel tables' time for the
+    identical shape on the same GPU (duplicates in the tables averaged). Both are one
+    PyTorch call timed the same way, so on a GPU measured under one regime the ratios sit
+    near 1; they tell how far the labels can be met from the kernel data at all."""
+    meas = load_measurements(neusight_files(data_dir, OpFamily.LINEAR)).frame
+    table = meas.groupby(["Device", "M", "N", "K"])["latency_s"].mean()
+    out: dict[str, list[float]] = {}
+    for folder in sorted((data_dir / "labels").iterdir()):
+        device = folder.name.replace("_", " ")
+        try:
+            gpu_id = load_gpu(device).id
+        except GPUError:
+            continue
+        for path in sorted(folder.glob("*.csv.gz")):
+            for (m, n, k), ms in trace_gemms(path):
+                ref = table.get((device, m, n, k))
+                if ref is not None:
+                    out.setdefault(gpu_id, []).append(ms * 1e-3 / float(ref))
+    return {g: np.array(r) for g, r in out.items()}
 
 
 def prepare(labels: list[Label], data_dir: Path, latency_model: LatencyModel) -> list[PreparedRun]:

@@ -11,14 +11,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from pydantic import ValidationError
 
 from forecast.gpus import GPUError, load_gpu
 from forecast.predict import LatencyModel, load_latency_model
 from forecast.report import update_readme
-from simulator.e2e import FITTED, E2EResult, predict_run
-from simulator.e2e_validate import PreparedRun, load_labels, prepare, rel_errors
+from simulator.e2e import E2EResult, predict_run
+from simulator.e2e_tables import e2e_tables
 from simulator.errors import ConfigError
 from simulator.models import DEFAULT_DATA_DIR, load_model
 from simulator.opgraph import Workload
@@ -56,8 +55,6 @@ def add_predict_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     add_validate_distributed(vs)
 
 
-E2E_BEGIN = "<!-- e2e-validation:begin -->"
-E2E_END = "<!-- e2e-validation:end -->"
 RUN_KEYS = ("model", "gpu", "batch", "seq", "mode", "framework", "dtype")
 
 
@@ -140,53 +137,13 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def _gpu_rows(runs: dict[str, list[PreparedRun]]) -> list[str]:
-    ours, roof = runs["tile-mlp"], runs["roofline"]
-    e_ours, e_roof = rel_errors(ours, FITTED), rel_errors(roof, FITTED)
-    rows = [
-        "| GPU | runs | ours mean | ours max | roofline mean | roofline max "
-        "| measured op sum: runs, mean, max |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for gpu in sorted({p.label.gpu_id for p in ours}):
-        idx = [i for i, p in enumerate(ours) if p.label.gpu_id == gpu]
-        a, b = np.abs(e_ours[idx]) * 100, np.abs(e_roof[idx]) * 100
-        traced = [ours[i].label for i in idx if ours[i].label.trace_ms is not None]
-        c = np.array([abs(lab.trace_ms / lab.e2e_ms - 1) * 100 for lab in traced])  # type: ignore[operator]
-        op_sum = f"{len(c)}, {c.mean():.1f}%, {c.max():.1f}%" if len(c) else "-"
-        rows.append(
-            f"| {gpu} | {len(idx)} | {a.mean():.1f}% | {a.max():.1f}% | "
-            f"{b.mean():.1f}% | {b.max():.1f}% | {op_sum} |"
-        )
-    return rows
-
-
-def _family_rows(runs: dict[str, list[PreparedRun]]) -> list[str]:
-    from simulator.e2e import family_times_s
-
-    rows = ["| op family | ours total ms | roofline total ms |", "|---|---|---|"]
-    tot: dict[str, dict[str, float]] = {}
-    for kind, items in runs.items():
-        for p in items:
-            for fam, t in family_times_s(p.graph, p.table, FITTED).items():
-                tot.setdefault(fam, {}).setdefault(kind, 0.0)
-                tot[fam][kind] += t * 1e3
-    for fam, by in sorted(tot.items()):
-        rows.append(f"| {fam} | {by.get('tile-mlp', 0):.0f} | {by.get('roofline', 0):.0f} |")
-    return rows
-
-
 def _validate_e2e(args: argparse.Namespace) -> int:
-    labels, skipped = load_labels(args.data)
-    runs = {k: prepare(labels, args.data, load_latency_model(k)) for k in ("tile-mlp", "roofline")}
-    table = "\n".join(_gpu_rows(runs))
-    if args.readme is not None:
-        update_readme(args.readme, table, begin=E2E_BEGIN, end=E2E_END)
-    print(table)
-    if args.markdown or args.readme is not None:
-        return 0
-    print("\nPredicted kernel time per op family over all labelled runs (measured: n/a)")
-    print("\n".join(_family_rows(runs)))
-    for folder, why in skipped.items():
-        print(f"skipped {folder}: {why}")
+    tables, skipped = e2e_tables(args.data)
+    for t in tables:
+        if args.readme is not None:
+            update_readme(args.readme, t.markdown, begin=t.begin, end=t.end)
+        print(t.markdown if args.markdown else f"{t.title}\n{t.markdown}\n")
+    if not args.markdown:
+        for folder, why in skipped.items():
+            print(f"skipped {folder}: {why}")
     return 0

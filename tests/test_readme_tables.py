@@ -25,13 +25,12 @@ def test_kernel_table_is_generated_from_validation_json() -> None:
     assert _between(TABLE_BEGIN, TABLE_END) == validation_markdown(report).strip()
 
 
-def test_e2e_table_is_what_validate_e2e_prints() -> None:
+def test_e2e_tables_are_what_validate_e2e_prints() -> None:
     if not (NEUSIGHT / "labels").is_dir():
         pytest.skip(f"NeuSight labels not found at {NEUSIGHT} (clone without ../shared)")
-    from forecast.predict import load_latency_model
-    from simulator.e2e_validate import load_labels, prepare
-    from simulator.predict_commands import E2E_BEGIN, E2E_END, _gpu_rows
+    from simulator.e2e_tables import e2e_tables
 
-    labels, _ = load_labels(NEUSIGHT)
-    runs = {k: prepare(labels, NEUSIGHT, load_latency_model(k)) for k in ("tile-mlp", "roofline")}
-    assert _between(E2E_BEGIN, E2E_END) == "\n".join(_gpu_rows(runs))
+    tables, _ = e2e_tables(NEUSIGHT)
+    assert len(tables) == 3
+    for t in tables:
+        assert _between(t.begin, t.end) == t.markdown

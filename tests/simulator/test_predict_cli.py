@@ -60,24 +60,201 @@ def test_runs_jsonl_with_one_bad_line(tmp_path: Path, capsys: pytest.CaptureFixt
     assert out[1]["line"] == 2 and "zzz" in out[1]["error"]
 
 
-def test_trace_sum_scales_layer_zero_rows(tmp_path: Path) -> None:
-    """NeuSight's recipe: layer-0 rows x num_layer + the other rows, all three latency columns."""
+def _write_trace(path: Path, rows: list[dict[str, str]]) -> None:
     import csv
     import gzip
 
-    from simulator.e2e_validate import trace_sum_ms
+    cols = ["op", "target", "meta", "input_shapes", "output_shape"]
+    cols += ["fw_latency", "bw_latency", "acc_latency"]
+    with gzip.open(path, "wt", newline="") as f:
+        w = csv.DictWriter(f, cols)
+        w.writeheader()
+        w.writerows({c: r.get(c, "") for c in cols} for r in rows)
 
+
+def _module(path: str, cls: str) -> str:
+    """An FX ``meta`` cell: the module stack down to ``path`` (parents first, as traced)."""
+    parts = path.split(".")
+    stack = [f"('{'.'.join(parts[: i + 1])}', <class 'x.Parent'>)" for i in range(len(parts) - 1)]
+    stack.append(f"('{path}', <class 'torch.nn.modules.x.{cls}'>)")
+    return f"{{'nn_module_stack': OrderedDict([{', '.join(stack)}])}}"
+
+
+def test_trace_sums_layer_zero_rows_per_family(tmp_path: Path) -> None:
+    """NeuSight's recipe: layer-0 rows x num_layer + the other rows, all three latency
+    columns, each row in the family of the kernel it launches."""
+    from simulator.label_trace import HOST, trace_family_ms, trace_sum_ms
+
+    fn = "call_function"
     rows = [
-        ("['', 'bert.embeddings']", 1.0, 2.0, 0.5),
-        ("['', 'bert.encoder.layer.0']", 3.0, 4.0, 1.0),
-        ("['', 'bert.encoder.layer.0', 'x']", 0.25, 0.0, 0.0),
-        ("['', 'bert.encoder.layer.10']", 100.0, 0.0, 0.0),  # not layer 0: counted once
+        # outside the layers: counted once
+        {
+            "op": "call_module",
+            "meta": _module("bert.embeddings.word", "Embedding"),
+            "input_shapes": "[[8, 512]]",
+            "fw_latency": "1.0",
+            "bw_latency": "2.0",
+            "acc_latency": "0.5",
+        },
+        # layer 0: x 24
+        {
+            "op": "call_module",
+            "meta": _module("bert.encoder.layer.0.q", "Linear"),
+            "input_shapes": "[[8, 512, 1024]]",
+            "output_shape": "(8, 512, 1024)",
+            "fw_latency": "3.0",
+            "bw_latency": "4.0",
+            "acc_latency": "1.0",
+        },
+        {
+            "op": fn,
+            "target": "<built-in function add>",
+            "meta": "'bert.encoder.layer.0'",
+            "input_shapes": "[[1], [1]]",
+            "fw_latency": "0.25",
+            "bw_latency": "0",
+            "acc_latency": "0",
+        },
+        {
+            "op": fn,
+            "target": "<built-in method matmul of type object at 0x7f>",
+            "meta": "'bert.encoder.layer.0'",
+            "input_shapes": "[[8, 16, 512, 64], [8, 16, 64, 512]]",
+            "fw_latency": "2.0",
+            "bw_latency": "0",
+            "acc_latency": "0",
+        },
+        {
+            "op": fn,
+            "target": "<function gelu at 0x7f>",
+            "meta": "'bert.encoder.layer.0'",
+            "input_shapes": "[[8, 512, 4096]]",
+            "fw_latency": "0.5",
+            "bw_latency": "0.5",
+            "acc_latency": "0",
+        },
+        # not layer 0 ("layer.10"): counted once
+        {
+            "op": "call_method",
+            "target": "contiguous",
+            "meta": "'bert.encoder.layer.10'",
+            "input_shapes": "[[8, 512, 1024]]",
+            "fw_latency": "100.0",
+            "bw_latency": "0",
+            "acc_latency": "0",
+        },
     ]
     path = tmp_path / "run.csv.gz"
-    with gzip.open(path, "wt", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["meta", "fw_latency", "bw_latency", "acc_latency"])
-        w.writerows(rows)
-    assert trace_sum_ms(path, 24) == pytest.approx((3.0 + 4.0 + 1.0 + 0.25) * 24 + 3.5 + 100.0)
-    assert trace_sum_ms(tmp_path / "absent.csv.gz", 24) is None
-    assert trace_sum_ms(path, 0) is None
+    _write_trace(path, rows)
+    fams = trace_family_ms(path, 24)
+    assert fams == pytest.approx(
+        {
+            "memory": 3.5 + 100.0,
+            "linear": 8.0 * 24,
+            HOST: 0.25 * 24,
+            "bmm": 2.0 * 24,
+            "elementwise": 1.0 * 24,
+        }
+    )
+    assert trace_sum_ms(path, 24) == pytest.approx(sum(fams.values()))  # type: ignore[union-attr]
+    assert trace_family_ms(tmp_path / "absent.csv.gz", 24) is None
+    assert trace_family_ms(path, 0) is None
+
+
+@pytest.mark.parametrize(
+    ("op", "target", "shapes", "family"),
+    [
+        (
+            "call_function",
+            "<built-in method addmm of type object at 0x7f>",
+            "[[3840], [1024, 1280], [1280, 3840]]",
+            "linear",
+        ),
+        (
+            "call_function",
+            "<built-in method matmul of type object at 0x7f>",
+            "[[2, 1024, 1280], [1280, 3840]]",
+            "linear",
+        ),
+        (
+            "call_function",
+            "<built-in method bmm of type object at 0x7f>",
+            "[[64, 2048, 64], [64, 64, 2048]]",
+            "bmm",
+        ),
+        (
+            "call_function",
+            "<built-in method softmax of type object at 0x7f>",
+            "[[8, 16, 512, 512]]",
+            "softmax",
+        ),
+        (
+            "call_function",
+            "<built-in method where of type object at 0x7f>",
+            "[[1, 1, 1024, 1024], [1, 20, 1024, 1024], [1]]",
+            "memory",
+        ),
+        ("call_method", "view", "[[8, 512, 1024], [1]]", "host"),
+        ("call_function", "<built-in function getitem>", "[[1]]", "host"),
+        ("call_function", "<built-in function mul>", "[[1], [1]]", "host"),
+        ("call_function", "<built-in function truediv>", "[[8, 16, 512, 512], [1]]", "elementwise"),
+        ("placeholder", "input_ids", "[]", "host"),
+    ],
+)
+def test_trace_rows_go_to_the_family_of_their_kernel(
+    op: str, target: str, shapes: str, family: str
+) -> None:
+    from simulator.label_trace import row_family
+
+    row = {"op": op, "target": target, "meta": "{}", "input_shapes": shapes}
+    assert row_family(row) == family
+
+
+def test_trace_gemms_read_linear_dims_in_the_kernel_tables_convention(tmp_path: Path) -> None:
+    """(M, N, K): input (M, N), N -> K features, as the kernel tables write a linear layer."""
+    from simulator.label_trace import trace_gemms
+
+    rows = [
+        {
+            "op": "call_module",
+            "meta": _module("bert.encoder.layer.0.ffn", "Linear"),
+            "input_shapes": "[[16, 512, 1024]]",
+            "output_shape": "(16, 512, 4096)",
+            "fw_latency": "6.0",
+        },
+        {
+            "op": "call_function",
+            "target": "<built-in method addmm of type object at 0x7f>",
+            "meta": "{}",
+            "input_shapes": "[[3840], [1024, 1280], [1280, 3840]]",
+            "fw_latency": "0.75",
+        },
+        {
+            "op": "call_function",
+            "target": "<function gelu at 0x7f>",
+            "meta": "{}",
+            "input_shapes": "[[16, 512, 4096]]",
+            "fw_latency": "1.0",
+        },
+    ]
+    path = tmp_path / "run.csv.gz"
+    _write_trace(path, rows)
+    assert trace_gemms(path) == [((8192, 1024, 4096), 6.0), ((1024, 1280, 3840), 0.75)]
+
+
+def test_framework_attribution_counts_backward_kernels_with_their_op() -> None:
+    """A softmax's backward multiply and a linear layer's gradient accumulation (element-wise
+    kernels) count as softmax and linear time, as a per-op trace counts them; nothing is
+    lost or counted twice."""
+    from simulator.e2e import NO_OVERHEADS, family_times_s, framework_family_times_s
+    from simulator.models import load_model
+    from simulator.opgraph import Workload, build_ops
+
+    graph = build_ops(load_model("gpt2_large"), Workload(batch=1, seq=128, mode="train"))
+    table = dict.fromkeys(graph.kernels(), 1e-3)
+    by_kernel = family_times_s(graph, table, NO_OVERHEADS)
+    by_op = framework_family_times_s(graph, table, NO_OVERHEADS)
+    assert sum(by_op.values()) == pytest.approx(sum(by_kernel.values()))
+    assert by_op["softmax"] > by_kernel["softmax"]
+    assert by_op["linear"] > by_kernel["linear"]
+    assert by_op["elementwise"] < by_kernel["elementwise"]

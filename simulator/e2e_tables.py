@@ -1,0 +1,132 @@
+"""The whole-model validation tables that ``tilesim validate e2e`` prints and writes into the
+README (between each table's markers; a test checks the README's copies are this output).
+
+1. Per GPU: whole-model error of tile-mlp and roofline against the measured e2e times, and
+   how far each run's own per-op trace, summed, is from its e2e time.
+2. Per GPU, mode and op family: the forecast total against the per-op traces' total (kernels
+   attributed to the framework op they serve, as a trace attributes them).
+3. Per GPU: the same GEMM measured twice, a label trace's linear-layer call time over the kernel
+   tables' time for the identical shape; where it sits far from 1, labels and kernel data were
+   measured under different conditions and no kernel model meets both.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from forecast.predict import load_latency_model
+from simulator.e2e import FITTED, framework_family_times_s
+from simulator.e2e_validate import PreparedRun, load_labels, prepare, rel_errors, same_gemm_ratios
+from simulator.label_trace import HOST
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    """One printed table and the README markers around its copy."""
+
+    title: str
+    begin: str
+    end: str
+    markdown: str
+
+
+E2E_BEGIN, E2E_END = "<!-- e2e-validation:begin -->", "<!-- e2e-validation:end -->"
+FAMILY_BEGIN, FAMILY_END = "<!-- e2e-families:begin -->", "<!-- e2e-families:end -->"
+GEMM_BEGIN, GEMM_END = "<!-- e2e-same-gemm:begin -->", "<!-- e2e-same-gemm:end -->"
+
+
+def gpu_rows(runs: dict[str, list[PreparedRun]]) -> list[str]:
+    ours, roof = runs["tile-mlp"], runs["roofline"]
+    e_ours, e_roof = rel_errors(ours, FITTED), rel_errors(roof, FITTED)
+    rows = [
+        "| GPU | runs | ours mean | ours max | roofline mean | roofline max "
+        "| measured op sum: runs, mean, max |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for gpu in sorted({p.label.gpu_id for p in ours}):
+        idx = [i for i, p in enumerate(ours) if p.label.gpu_id == gpu]
+        a, b = np.abs(e_ours[idx]) * 100, np.abs(e_roof[idx]) * 100
+        traced = [ours[i].label for i in idx if ours[i].label.trace_ms is not None]
+        c = np.array([abs(lab.trace_ms / lab.e2e_ms - 1) * 100 for lab in traced])  # type: ignore[operator]
+        op_sum = f"{len(c)}, {c.mean():.1f}%, {c.max():.1f}%" if len(c) else "-"
+        rows.append(
+            f"| {gpu} | {len(idx)} | {a.mean():.1f}% | {a.max():.1f}% | "
+            f"{b.mean():.1f}% | {b.max():.1f}% | {op_sum} |"
+        )
+    return rows
+
+
+FAMILY_COLUMNS = ("linear", "bmm", "elementwise", "softmax", "layernorm", "memory")
+
+
+def family_rows(runs: dict[str, list[PreparedRun]]) -> list[str]:
+    """Per GPU and op family: the forecast's total over the runs that have a layer trace
+    against the same runs' traced total, as ``ours% (roofline%)`` signed errors."""
+    head = " | ".join(FAMILY_COLUMNS)
+    rows = [f"| GPU | mode | runs | {head} | trace in no-kernel ops |", "|---" * 10 + "|"]
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, p in enumerate(runs["tile-mlp"]):
+        if p.label.trace_family_ms is not None:
+            groups.setdefault((p.label.gpu_id, p.label.run.mode), []).append(i)
+    for (gpu, mode), idx in sorted(groups.items()):
+        meas: dict[str, float] = defaultdict(float)
+        pred: dict[str, dict[str, float]] = {k: defaultdict(float) for k in runs}
+        for i in idx:
+            for fam, ms in (runs["tile-mlp"][i].label.trace_family_ms or {}).items():
+                meas[fam] += ms
+            for kind, items in runs.items():
+                p = items[i]
+                for fam, t in framework_family_times_s(p.graph, p.table, FITTED).items():
+                    pred[kind][fam] += t * 1e3
+        cells = []
+        for fam in FAMILY_COLUMNS:
+            if meas[fam] <= 0:
+                cells.append("-")
+                continue
+            ours, roof = (pred[k][fam] / meas[fam] - 1 for k in ("tile-mlp", "roofline"))
+            cells.append(f"{ours:+.0%} ({roof:+.0%})")
+        host = meas[HOST] / sum(meas.values())
+        rows.append(f"| {gpu} | {mode} | {len(idx)} | {' | '.join(cells)} | {host:.1%} |")
+    return rows
+
+
+def same_gemm_rows(ratios: dict[str, np.ndarray]) -> list[str]:
+    """Per GPU: how many identical GEMM shapes, and the spread of trace / kernel-table time."""
+    rows = ["| GPU | GEMM rows | p10 | median | p90 |", "|---|---|---|---|---|"]
+    for gpu, r in sorted(ratios.items()):
+        p10, p50, p90 = np.percentile(r, [10, 50, 90])
+        rows.append(f"| {gpu} | {len(r)} | {p10:.2f} | {p50:.2f} | {p90:.2f} |")
+    return rows
+
+
+def e2e_tables(data_dir: Path) -> tuple[list[Table], dict[str, str]]:
+    """The three tables, and the label folders skipped with their reason."""
+    labels, skipped = load_labels(data_dir)
+    runs = {k: prepare(labels, data_dir, load_latency_model(k)) for k in ("tile-mlp", "roofline")}
+    tables = [
+        Table(
+            "Whole-model e2e error per GPU",
+            E2E_BEGIN,
+            E2E_END,
+            "\n".join(gpu_rows(runs)),
+        ),
+        Table(
+            "Per op family: forecast total / measured per-op trace total - 1, ours (roofline), "
+            "runs with a layer trace",
+            FAMILY_BEGIN,
+            FAMILY_END,
+            "\n".join(family_rows(runs)),
+        ),
+        Table(
+            "The same GEMM measured twice: label trace call time / kernel-table time, "
+            "identical shape and GPU",
+            GEMM_BEGIN,
+            GEMM_END,
+            "\n".join(same_gemm_rows(same_gemm_ratios(data_dir))),
+        ),
+    ]
+    return tables, skipped

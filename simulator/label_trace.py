@@ -1,0 +1,166 @@
+"""NeuSight per-op traces (``labels/<GPU>/<run>.csv.gz``): a run's measured op times summed to
+the full model, per op family.
+
+Each row is one FX node of the Hugging Face model, timed as one PyTorch call (forward,
+backward and gradient-accumulation ms). A trace holds one transformer layer (layer 0) and the
+ops outside the layers; the full model is layer-0 rows x ``num_layer`` + the other rows (the
+data's README).
+
+A row goes to the op family of the kernel it launches, read off what it calls: a module's
+class (``Linear``, ``LayerNorm``, ...) or a function or method name (``addmm``, ``matmul``,
+``softmax``, ``add``, ...). Rows that launch no kernel, views and shape arithmetic on Python
+scalars, go to ``HOST``; a call named nowhere here counts as element-wise, the family of
+torch's remaining pointwise kernels.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import gzip
+import json
+import math
+import re
+from collections import defaultdict
+from collections.abc import Mapping
+from pathlib import Path
+
+from forecast.kernels import OpFamily
+
+# Module path of the traced model's one transformer layer (GPT-2/GPT-3-style, BERT, OPT).
+LAYER0 = re.compile(r"'(transformer\.h|bert\.encoder\.layer|model\.decoder\.layers)\.0'")
+HOST = "host"  # no kernel: views, sizes, Python scalar arithmetic
+
+_MODULES = {
+    "Linear": OpFamily.LINEAR,
+    "LayerNorm": OpFamily.LAYERNORM,
+    "Softmax": OpFamily.SOFTMAX,
+    "Embedding": OpFamily.MEMORY,
+    "Dropout": OpFamily.MEMORY,
+}
+_CALLS = {
+    "addmm": OpFamily.LINEAR,
+    "linear": OpFamily.LINEAR,
+    "bmm": OpFamily.BMM,
+    "baddbmm": OpFamily.BMM,
+    "softmax": OpFamily.SOFTMAX,
+    "log_softmax": OpFamily.SOFTMAX,
+    "logsumexp": OpFamily.SOFTMAX,
+    "layer_norm": OpFamily.LAYERNORM,
+    "embedding": OpFamily.MEMORY,
+    "dropout": OpFamily.MEMORY,
+    "contiguous": OpFamily.MEMORY,
+    "clone": OpFamily.MEMORY,
+    "cat": OpFamily.MEMORY,
+    "setitem": OpFamily.MEMORY,
+    "to": OpFamily.MEMORY,
+    "type_as": OpFamily.MEMORY,
+    # masking is memory-bound in the forecaster (as in `inventory_hf`): GPT-2's causal
+    # torch.where, masked_fill, OPT's clamp of the scores (torch.max(scores, min))
+    "where": OpFamily.MEMORY,
+    "masked_fill": OpFamily.MEMORY,
+    "masked_fill_": OpFamily.MEMORY,
+    "max": OpFamily.MEMORY,
+}
+_VIEWS = frozenset(
+    [
+        "size",
+        "dim",
+        "getitem",
+        "getattr",
+        "view",
+        "reshape",
+        "permute",
+        "transpose",
+        "split",
+        "unsqueeze",
+        "squeeze",
+        "expand",
+        "finfo",
+    ]
+)
+_CLASS = re.compile(r"<class '([\w.]+)'>")
+_CALLED = re.compile(r"(?:method|function) (\w+)")
+
+
+def _scalars_only(shapes_text: str) -> bool:
+    """True when every input is a Python scalar or a one-element tensor (``[[1]]``, ``[]``)."""
+    try:
+        shapes = json.loads(shapes_text or "[]")
+    except json.JSONDecodeError:
+        return False
+    return all(len(s) <= 1 and all(d <= 1 for d in s) for s in shapes)
+
+
+def row_family(row: Mapping[str, str]) -> str:
+    """The op family of one trace row, or ``HOST`` for a row that launches no kernel."""
+    kind = row["op"]
+    if kind == "call_module":
+        classes = _CLASS.findall(row["meta"])
+        name = classes[-1].rsplit(".", 1)[-1] if classes else ""
+        return _MODULES.get(name, OpFamily.ELEMENTWISE).value
+    if kind not in ("call_function", "call_method"):
+        return HOST  # placeholder, get_attr, output
+    target = row["target"]
+    called = _CALLED.search(target)
+    name = called.group(1) if called else target
+    if name in _VIEWS or "finfo" in target or _scalars_only(row.get("input_shapes", "")):
+        return HOST
+    if name == "matmul":
+        shapes = json.loads(row["input_shapes"])
+        return (OpFamily.LINEAR if len(shapes[-1]) == 2 else OpFamily.BMM).value
+    return _CALLS.get(name, OpFamily.ELEMENTWISE).value
+
+
+def _linear_dims(row: Mapping[str, str]) -> tuple[int, int, int] | None:
+    """``(M, N, K)`` in the kernel tables' linear convention (input ``(M, N)``, ``N -> K``
+    features) of a linear-layer row, or None for any other row."""
+    if row_family(row) != OpFamily.LINEAR.value:
+        return None
+    shapes = json.loads(row["input_shapes"])
+    if row["op"] == "call_module":
+        x = shapes[0]
+        out = ast.literal_eval(row["output_shape"])  # "(16, 512, 1024)"
+        return math.prod(x[:-1]), x[-1], out[-1]
+    if len(shapes) == 3:  # addmm(bias, x, w): x (M, N), w (N, K)
+        return shapes[1][0], shapes[1][1], shapes[2][1]
+    x, w = shapes[0], shapes[-1]  # matmul / linear(x, w): w (N, K) or (K, N)
+    return math.prod(x[:-1]), x[-1], w[1] if w[0] == x[-1] else w[0]
+
+
+def trace_gemms(path: Path) -> list[tuple[tuple[int, int, int], float]]:
+    """Every linear-layer row of a trace: its ``(M, N, K)`` and forward call time, ms."""
+    out = []
+    with gzip.open(path, "rt", newline="") as f:
+        for row in csv.DictReader(f):
+            dims = _linear_dims(row)
+            if dims is not None and float(row["fw_latency"] or 0.0) > 0:
+                out.append((dims, float(row["fw_latency"])))
+    return out
+
+
+def trace_family_ms(path: Path, num_layers: int) -> dict[str, float] | None:
+    """Measured ms per op family (and ``HOST``) over the full model, forward + backward +
+    gradient accumulation. None when the trace is absent or has no layer-0 rows (Switch's
+    full-model trace), or ``num_layers`` is unknown."""
+    if not path.is_file() or num_layers <= 0:
+        return None
+    layer: dict[str, float] = defaultdict(float)
+    rest: dict[str, float] = defaultdict(float)
+    with gzip.open(path, "rt", newline="") as f:
+        for row in csv.DictReader(f):
+            t = sum(float(row[k] or 0.0) for k in ("fw_latency", "bw_latency", "acc_latency"))
+            into = layer if LAYER0.search(row["meta"]) else rest
+            into[row_family(row)] += t
+    if sum(layer.values()) <= 0:
+        return None
+    return {
+        fam: layer.get(fam, 0.0) * num_layers + rest.get(fam, 0.0)
+        for fam in sorted(layer.keys() | rest.keys())
+    }
+
+
+def trace_sum_ms(path: Path, num_layers: int) -> float | None:
+    """The whole trace summed to the full model, ms (see `trace_family_ms`)."""
+    fams = trace_family_ms(path, num_layers)
+    return None if fams is None else sum(fams.values())
