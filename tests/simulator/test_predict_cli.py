@@ -250,7 +250,7 @@ def test_framework_attribution_counts_backward_kernels_with_their_op() -> None:
     from simulator.models import load_model
     from simulator.opgraph import Workload, build_ops
 
-    graph = build_ops(load_model("gpt2_large"), Workload(batch=1, seq=128, mode="train"))
+    graph = build_ops(load_model("tiny-gpt"), Workload(batch=1, seq=128, mode="train"))
     table = dict.fromkeys(graph.kernels(), 1e-3)
     by_kernel = family_times_s(graph, table, NO_OVERHEADS)
     by_op = framework_family_times_s(graph, table, NO_OVERHEADS)
