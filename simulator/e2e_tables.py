@@ -5,7 +5,7 @@ README (between each table's markers; a test checks the README's copies are this
    how far each run's own per-op trace, summed, is from its e2e time.
 2. Per GPU, mode and op family: the forecast total against the per-op traces' total (kernels
    attributed to the framework op they serve, as a trace attributes them).
-3. Per GPU: the same GEMM measured twice, a label trace's linear-layer call time over the kernel
+3. Per GPU and family: the same kernel measured twice, a label trace's call time over the kernel
    tables' time for the identical shape; where it sits far from 1, labels and kernel data were
    measured under different conditions and no kernel model meets both.
 """
@@ -20,8 +20,14 @@ import numpy as np
 
 from forecast.predict import load_latency_model
 from simulator.e2e import FITTED, framework_family_times_s
-from simulator.e2e_validate import PreparedRun, load_labels, prepare, rel_errors, same_gemm_ratios
-from simulator.label_trace import HOST
+from simulator.e2e_validate import (
+    PreparedRun,
+    load_labels,
+    prepare,
+    rel_errors,
+    same_kernel_ratios,
+)
+from simulator.label_trace import HOST, TABLED
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +42,7 @@ class Table:
 
 E2E_BEGIN, E2E_END = "<!-- e2e-validation:begin -->", "<!-- e2e-validation:end -->"
 FAMILY_BEGIN, FAMILY_END = "<!-- e2e-families:begin -->", "<!-- e2e-families:end -->"
-GEMM_BEGIN, GEMM_END = "<!-- e2e-same-gemm:begin -->", "<!-- e2e-same-gemm:end -->"
+SAME_BEGIN, SAME_END = "<!-- e2e-same-kernel:begin -->", "<!-- e2e-same-kernel:end -->"
 
 
 def gpu_rows(runs: dict[str, list[PreparedRun]]) -> list[str]:
@@ -94,12 +100,20 @@ def family_rows(runs: dict[str, list[PreparedRun]]) -> list[str]:
     return rows
 
 
-def same_gemm_rows(ratios: dict[str, np.ndarray]) -> list[str]:
-    """Per GPU: how many identical GEMM shapes, and the spread of trace / kernel-table time."""
-    rows = ["| GPU | GEMM rows | p10 | median | p90 |", "|---|---|---|---|---|"]
-    for gpu, r in sorted(ratios.items()):
-        p10, p50, p90 = np.percentile(r, [10, 50, 90])
-        rows.append(f"| {gpu} | {len(r)} | {p10:.2f} | {p50:.2f} | {p90:.2f} |")
+def same_kernel_rows(ratios: dict[str, dict[str, np.ndarray]]) -> list[str]:
+    """Per GPU and family: rows matched, and the median (p10-p90) of trace / table time."""
+    head = " | ".join(TABLED)
+    rows = [f"| GPU | {head} |", "|---" * (1 + len(TABLED)) + "|"]
+    for gpu, by in sorted(ratios.items()):
+        cells = []
+        for fam in TABLED:
+            r = by.get(fam)
+            if r is None:
+                cells.append("-")
+                continue
+            p10, p50, p90 = np.percentile(r, [10, 50, 90])
+            cells.append(f"{p50:.2f} ({p10:.2f}-{p90:.2f}), {len(r)} rows")
+        rows.append(f"| {gpu} | {' | '.join(cells)} |")
     return rows
 
 
@@ -122,11 +136,11 @@ def e2e_tables(data_dir: Path) -> tuple[list[Table], dict[str, str]]:
             "\n".join(family_rows(runs)),
         ),
         Table(
-            "The same GEMM measured twice: label trace call time / kernel-table time, "
-            "identical shape and GPU",
-            GEMM_BEGIN,
-            GEMM_END,
-            "\n".join(same_gemm_rows(same_gemm_ratios(data_dir))),
+            "The same kernel measured twice: label trace call time / kernel-table time, "
+            "identical shape and GPU, median (p10-p90)",
+            SAME_BEGIN,
+            SAME_END,
+            "\n".join(same_kernel_rows(same_kernel_ratios(data_dir))),
         ),
     ]
     return tables, skipped

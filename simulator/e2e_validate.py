@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
-from forecast.dataset import load_measurements, neusight_files
+from forecast.dataset import GEMM_DIMS, ROW_DIMS, load_measurements, neusight_files
 from forecast.gpus import GPUError, GPUSpec, load_gpu
 from forecast.kernels import OpFamily
 from forecast.predict import LatencyModel, LatencyTable
 from forecast.stream import stream_table
 from simulator.e2e import Overheads, predict_graph
-from simulator.label_trace import trace_family_ms, trace_gemms
+from simulator.label_trace import TABLED, trace_family_ms, trace_kernels
 from simulator.models import ModelSpec, load_model
 from simulator.opgraph import OpGraph, Phase, Workload, build_ops
 
@@ -91,14 +91,21 @@ def load_labels(data_dir: Path) -> tuple[list[Label], dict[str, str]]:
     return labels, skipped
 
 
-def same_gemm_ratios(data_dir: Path) -> dict[str, np.ndarray]:
-    """Per GPU: a label trace's linear-layer call time over the kernel tables' time for the
-    identical shape on the same GPU (duplicates in the tables averaged). Both are one
-    PyTorch call timed the same way, so on a GPU measured under one regime the ratios sit
-    near 1; they tell how far the labels can be met from the kernel data at all."""
-    meas = load_measurements(neusight_files(data_dir, OpFamily.LINEAR)).frame
-    table = meas.groupby(["Device", "M", "N", "K"])["latency_s"].mean()
-    out: dict[str, list[float]] = {}
+def same_kernel_ratios(data_dir: Path) -> dict[str, dict[str, np.ndarray]]:
+    """Per GPU and family (linear, softmax, layer norm): a label trace's call time over the
+    kernel tables' time for the identical shape on the same GPU (duplicates in the tables
+    averaged). Both are one PyTorch call timed the same way, so where labels and kernels were
+    measured under the same conditions the ratios sit near 1; they tell how far the labels
+    can be met from the kernel data at all."""
+    files = [p for f in TABLED for p in neusight_files(data_dir, OpFamily(f))]
+    frame = load_measurements(files).frame
+    table: dict[tuple[str, str, tuple[int, ...]], float] = {}
+    for fam in TABLED:
+        cols = list(GEMM_DIMS if fam == OpFamily.LINEAR.value else ROW_DIMS)
+        group = frame[frame["family"] == fam].groupby(["Device", *cols])["latency_s"].mean()
+        for key, t in zip(group.index.tolist(), group.tolist(), strict=True):
+            table[str(key[0]), fam, tuple(int(d) for d in key[1:])] = float(t)
+    out: dict[str, dict[str, list[float]]] = {}
     for folder in sorted((data_dir / "labels").iterdir()):
         device = folder.name.replace("_", " ")
         try:
@@ -106,11 +113,11 @@ def same_gemm_ratios(data_dir: Path) -> dict[str, np.ndarray]:
         except GPUError:
             continue
         for path in sorted(folder.glob("*.csv.gz")):
-            for (m, n, k), ms in trace_gemms(path):
-                ref = table.get((device, m, n, k))
+            for fam, dims, ms in trace_kernels(path):
+                ref = table.get((device, fam, dims))
                 if ref is not None:
-                    out.setdefault(gpu_id, []).append(ms * 1e-3 / float(ref))
-    return {g: np.array(r) for g, r in out.items()}
+                    out.setdefault(gpu_id, {}).setdefault(fam, []).append(ms * 1e-3 / ref)
+    return {g: {f: np.array(r) for f, r in by.items()} for g, by in out.items()}
 
 
 def prepare(labels: list[Label], data_dir: Path, latency_model: LatencyModel) -> list[PreparedRun]:

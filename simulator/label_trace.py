@@ -112,30 +112,40 @@ def row_family(row: Mapping[str, str]) -> str:
     return _CALLS.get(name, OpFamily.ELEMENTWISE).value
 
 
-def _linear_dims(row: Mapping[str, str]) -> tuple[int, int, int] | None:
-    """``(M, N, K)`` in the kernel tables' linear convention (input ``(M, N)``, ``N -> K``
-    features) of a linear-layer row, or None for any other row."""
-    if row_family(row) != OpFamily.LINEAR.value:
-        return None
+def _linear_dims(row: Mapping[str, str]) -> tuple[int, int, int, int]:
+    """``(1, M, N, K)``, the kernel tables' linear convention (input ``(M, N)``, ``N -> K``
+    features), of a linear-layer row."""
     shapes = json.loads(row["input_shapes"])
     if row["op"] == "call_module":
         x = shapes[0]
         out = ast.literal_eval(row["output_shape"])  # "(16, 512, 1024)"
-        return math.prod(x[:-1]), x[-1], out[-1]
+        return 1, math.prod(x[:-1]), x[-1], out[-1]
     if len(shapes) == 3:  # addmm(bias, x, w): x (M, N), w (N, K)
-        return shapes[1][0], shapes[1][1], shapes[2][1]
+        return 1, shapes[1][0], shapes[1][1], shapes[2][1]
     x, w = shapes[0], shapes[-1]  # matmul / linear(x, w): w (N, K) or (K, N)
-    return math.prod(x[:-1]), x[-1], w[1] if w[0] == x[-1] else w[0]
+    return 1, math.prod(x[:-1]), x[-1], w[1] if w[0] == x[-1] else w[0]
 
 
-def trace_gemms(path: Path) -> list[tuple[tuple[int, int, int], float]]:
-    """Every linear-layer row of a trace: its ``(M, N, K)`` and forward call time, ms."""
+TABLED = (OpFamily.LINEAR.value, OpFamily.SOFTMAX.value, OpFamily.LAYERNORM.value)
+
+
+def trace_kernels(path: Path) -> list[tuple[str, tuple[int, ...], float]]:
+    """Every linear, softmax and layer-norm row of a trace, as the kernel tables write it:
+    family, dims (``(1, M, N, K)`` or rows and width ``(B, H)``; the models normalise over
+    the last dimension) and forward call time, ms."""
     out = []
     with gzip.open(path, "rt", newline="") as f:
         for row in csv.DictReader(f):
-            dims = _linear_dims(row)
-            if dims is not None and float(row["fw_latency"] or 0.0) > 0:
-                out.append((dims, float(row["fw_latency"])))
+            fam = row_family(row)
+            ms = float(row["fw_latency"] or 0.0)
+            if fam not in TABLED or ms <= 0:
+                continue
+            if fam == OpFamily.LINEAR.value:
+                dims: tuple[int, ...] = _linear_dims(row)
+            else:
+                x = json.loads(row["input_shapes"])[0]
+                dims = (math.prod(x[:-1]), x[-1])
+            out.append((fam, dims, ms))
     return out
 
 

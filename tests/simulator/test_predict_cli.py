@@ -210,9 +210,10 @@ def test_trace_rows_go_to_the_family_of_their_kernel(
     assert row_family(row) == family
 
 
-def test_trace_gemms_read_linear_dims_in_the_kernel_tables_convention(tmp_path: Path) -> None:
-    """(M, N, K): input (M, N), N -> K features, as the kernel tables write a linear layer."""
-    from simulator.label_trace import trace_gemms
+def test_trace_kernels_read_dims_in_the_kernel_tables_convention(tmp_path: Path) -> None:
+    """A linear layer as (1, M, N, K): input (M, N), N -> K features; a layer norm or softmax
+    as (rows, width); element-wise rows are not in the tables' families."""
+    from simulator.label_trace import trace_kernels
 
     rows = [
         {
@@ -236,10 +237,20 @@ def test_trace_gemms_read_linear_dims_in_the_kernel_tables_convention(tmp_path: 
             "input_shapes": "[[16, 512, 4096]]",
             "fw_latency": "1.0",
         },
+        {
+            "op": "call_module",
+            "meta": _module("bert.encoder.layer.0.ln", "LayerNorm"),
+            "input_shapes": "[[16, 512, 4096]]",
+            "fw_latency": "0.5",
+        },
     ]
     path = tmp_path / "run.csv.gz"
     _write_trace(path, rows)
-    assert trace_gemms(path) == [((8192, 1024, 4096), 6.0), ((1024, 1280, 3840), 0.75)]
+    assert trace_kernels(path) == [
+        ("linear", (1, 8192, 1024, 4096), 6.0),
+        ("linear", (1, 1024, 1280, 3840), 0.75),
+        ("layernorm", (8192, 4096), 0.5),
+    ]
 
 
 def test_framework_attribution_counts_backward_kernels_with_their_op() -> None:
