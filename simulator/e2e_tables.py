@@ -70,7 +70,7 @@ FAMILY_COLUMNS = ("linear", "bmm", "elementwise", "softmax", "layernorm", "memor
 
 
 def family_rows(runs: dict[str, list[PreparedRun]]) -> list[str]:
-    """Per GPU and op family: the forecast's total over the runs that have a layer trace
+    """Per GPU and op family: the forecast's total over the runs that have a per-op trace
     against the same runs' traced total, as ``ours% (roofline%)`` signed errors."""
     head = " | ".join(FAMILY_COLUMNS)
     rows = [f"| GPU | mode | runs | {head} | trace in no-kernel ops |", "|---" * 10 + "|"]
@@ -130,7 +130,7 @@ def e2e_tables(data_dir: Path) -> tuple[list[Table], dict[str, str]]:
         ),
         Table(
             "Per op family: forecast total / measured per-op trace total - 1, ours (roofline), "
-            "runs with a layer trace",
+            "runs with a per-op trace",
             FAMILY_BEGIN,
             FAMILY_END,
             "\n".join(family_rows(runs)),

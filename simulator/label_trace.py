@@ -151,18 +151,19 @@ def trace_kernels(path: Path) -> list[tuple[str, tuple[int, ...], float]]:
 
 def trace_family_ms(path: Path, num_layers: int) -> dict[str, float] | None:
     """Measured ms per op family (and ``HOST``) over the full model, forward + backward +
-    gradient accumulation. None when the trace is absent or has no layer-0 rows (Switch's
-    full-model trace), or ``num_layers`` is unknown."""
-    if not path.is_file() or num_layers <= 0:
+    gradient accumulation. ``num_layers`` 0 marks a full-model trace (Switch's), summed as it
+    is; otherwise layer-0 rows count ``num_layers`` times. None when the trace is absent or a
+    one-layer trace has no layer-0 rows."""
+    if not path.is_file() or num_layers < 0:
         return None
     layer: dict[str, float] = defaultdict(float)
     rest: dict[str, float] = defaultdict(float)
     with gzip.open(path, "rt", newline="") as f:
         for row in csv.DictReader(f):
             t = sum(float(row[k] or 0.0) for k in ("fw_latency", "bw_latency", "acc_latency"))
-            into = layer if LAYER0.search(row["meta"]) else rest
+            into = layer if num_layers > 0 and LAYER0.search(row["meta"]) else rest
             into[row_family(row)] += t
-    if sum(layer.values()) <= 0:
+    if num_layers > 0 and sum(layer.values()) <= 0:
         return None
     return {
         fam: layer.get(fam, 0.0) * num_layers + rest.get(fam, 0.0)

@@ -158,7 +158,10 @@ def test_trace_sums_layer_zero_rows_per_family(tmp_path: Path) -> None:
     )
     assert trace_sum_ms(path, 24) == pytest.approx(sum(fams.values()))  # type: ignore[union-attr]
     assert trace_family_ms(tmp_path / "absent.csv.gz", 24) is None
-    assert trace_family_ms(path, 0) is None
+    # num_layer 0: a full-model trace (Switch's), every row once
+    assert trace_family_ms(path, 0) == pytest.approx(
+        {"memory": 103.5, "linear": 8.0, HOST: 0.25, "bmm": 2.0, "elementwise": 1.0}
+    )
 
 
 @pytest.mark.parametrize(
