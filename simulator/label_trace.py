@@ -4,7 +4,7 @@ the full model, per op family.
 Each row is one FX node of the Hugging Face model, timed as one PyTorch call (forward,
 backward and gradient-accumulation ms). A trace holds one transformer layer (layer 0) and the
 ops outside the layers; the full model is layer-0 rows x ``num_layer`` + the other rows (the
-data's README).
+data's README). Switch's trace is the full model (``num_layer`` 0) and is summed as it is.
 
 A row goes to the op family of the kernel it launches, read off what it calls: a module's
 class (``Linear``, ``LayerNorm``, ...) or a function or method name (``addmm``, ``matmul``,
@@ -76,7 +76,6 @@ _VIEWS = frozenset(
         "unsqueeze",
         "squeeze",
         "expand",
-        "finfo",
     ]
 )
 _CLASS = re.compile(r"<class '([\w.]+)'>")
@@ -104,7 +103,7 @@ def row_family(row: Mapping[str, str]) -> str:
     target = row["target"]
     called = _CALLED.search(target)
     name = called.group(1) if called else target
-    if name in _VIEWS or "finfo" in target or _scalars_only(row.get("input_shapes", "")):
+    if name in _VIEWS or "torch.finfo" in target or _scalars_only(row.get("input_shapes", "")):
         return HOST
     if name == "matmul":
         shapes = json.loads(row["input_shapes"])

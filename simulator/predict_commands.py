@@ -45,7 +45,11 @@ def add_predict_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.set_defaults(handler=_predict)
     v = sub.add_parser("validate", help="validation against measurements")
     vs = v.add_subparsers(dest="validate_cmd", required=True)
-    e = vs.add_parser("e2e", help="whole-model error per GPU and per op family (NeuSight labels)")
+    e = vs.add_parser(
+        "e2e",
+        help="whole-model error per GPU, per op family against the per-op traces, and the "
+        "kernels measured twice (NeuSight labels)",
+    )
     e.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
     e.add_argument("--markdown", action="store_true", help="print the README table only")
     e.add_argument("--readme", type=Path, default=None, help="rewrite the README's e2e table")
