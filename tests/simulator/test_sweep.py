@@ -19,10 +19,12 @@ from simulator.screen import ScreenCache, in_flight_closed, screen
 from simulator.simulate import latency_table, simulate
 from simulator.space import enumerate_space, find_scenario
 from simulator.sweep import (
+    RayOptions,
     _graph_tasks,
     _piece_cost,
     _shape_key,
     build_shared,
+    ray_session,
     run_sweep,
     simulate_chunks,
 )
@@ -232,10 +234,11 @@ def test_ray_sweep_equals_serial_bit_for_bit() -> None:
     space = enumerate_space(scenario)
     shared = build_shared(space, scenario.run)
     points = space.points[:6]
-    for tier in ("screen", "simulate"):
-        serial = run_sweep(tier, points, shared, executor="serial")
-        ray = run_sweep(tier, points, shared, executor="ray", chunk_size=2)
-        assert json.dumps(ray) == json.dumps(serial)
+    with ray_session("ray", RayOptions(workers=2)):  # one local Ray for both tiers
+        for tier in ("screen", "simulate"):
+            serial = run_sweep(tier, points, shared, executor="serial")
+            ray = run_sweep(tier, points, shared, executor="ray", chunk_size=2)
+            assert json.dumps(ray) == json.dumps(serial)
 
 
 def test_simulate_chunks_keep_shapes_whole_heaviest_first() -> None:
