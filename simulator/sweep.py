@@ -304,10 +304,15 @@ def _ray_init(opts: RayOptions) -> bool:
         except ConnectionError as e:
             raise ConfigError(
                 f"--address {opts.address}: no Ray cluster to join ({e}); start one with "
-                "`ray start --head` or leave out --address for a local Ray"
+                "`ray start --head`; for a head with token authentication set "
+                "RAY_AUTH_MODE=token (Ray sends its token to an address given by hand only "
+                "then) or use --address auto on the head's machine; or leave out --address "
+                "for a local Ray"
             ) from None
     else:
-        ray.init(num_cpus=opts.workers, **common)
+        # "local": always a new embedded Ray; without it ray.init joins any cluster this
+        # machine has started (`ray start`), and refuses num_cpus there.
+        ray.init(address="local", num_cpus=opts.workers, **common)
     return True
 
 

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -226,6 +232,65 @@ def test_an_address_where_no_ray_listens_is_refused_before_anything_is_written(
     err = capsys.readouterr().err
     assert f"--address 127.0.0.1:{port}: cannot connect" in err and "Traceback" not in err
     assert not out.exists()
+
+
+@pytest.fixture
+def ray_head() -> Iterator[str]:
+    """A real Ray head (`ray start --head --block`, no token authentication) on a free local
+    port, stopped after the test: only its own process group is killed, never `ray stop`
+    (which ends every Ray of this user), and Ray's note of the current cluster is restored."""
+    ray_cli = Path(sys.executable).with_name("ray")
+    if not ray_cli.is_file():
+        pytest.skip(f"no ray command beside {sys.executable}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    from ray._common.utils import get_ray_address_file  # where `ray start` notes its head
+
+    address_file = Path(get_ray_address_file(None))
+    noted = address_file.read_text() if address_file.is_file() else None
+    cmd = [str(ray_cli), "start", "--head", "--block", "--port", str(port), "--num-cpus", "2"]
+    cmd += ["--disable-usage-stats", "--include-dashboard", "false"]
+    head = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or head.poll() is not None:
+                    pytest.fail(f"ray start --head did not listen on {port}")
+                time.sleep(0.2)
+        yield f"127.0.0.1:{port}"
+    finally:
+        os.killpg(head.pid, signal.SIGKILL)  # SIGTERM: half a minute of graceful shutdown
+        head.wait(timeout=60)
+        # a killed head leaves its address noted: put back what was there before
+        if noted is None:
+            address_file.unlink(missing_ok=True)
+        else:
+            address_file.write_text(noted)
+
+
+@pytest.mark.ray
+def test_sweep_beside_and_on_a_running_ray_cluster(tmp_path: Path, ray_head: str) -> None:
+    """With a cluster running on this machine, the default sweep still starts its own
+    embedded Ray (it used to join that cluster and fail), and `--address HOST:PORT` runs on
+    the cluster; both give the rows of a serial run."""
+    serial, embedded, joined = tmp_path / "serial", tmp_path / "embedded", tmp_path / "joined"
+    assert _sweep(serial) == 0
+    argv = ["sweep", str(TINY), "--no-progress", "--workers", "2"]
+    assert main([*argv, "--out", str(embedded)]) == 0
+    assert main([*argv, "--out", str(joined), "--address", ray_head]) == 0
+    assert load_rows(embedded) == load_rows(serial)
+    assert load_rows(joined) == load_rows(serial)
 
 
 @pytest.mark.ray
