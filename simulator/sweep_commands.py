@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from simulator.errors import InfeasibleConfig, at_least
+from simulator.errors import ConfigError, InfeasibleConfig, at_least
 from simulator.report import RANKINGS, markdown_report, top_table
 from simulator.rows import ProgressLog, Row, code_fingerprint, final_rows, load_rows, write_rows
 from simulator.scenario import Scenario, load_scenario
@@ -130,6 +130,7 @@ def _sweep(args: argparse.Namespace) -> int:
     space = enumerate_space(scenario)
     if not space.points:
         raise InfeasibleConfig(f"no valid layout in the sweep ({space.pruned} pruned)")
+    _check_ranking(args.rank, space)
     out = args.out or _out_dir(scenario)
     shared = build_shared(space, scenario.run)
     executor: Executor = "serial" if args.serial else "ray"
@@ -151,6 +152,18 @@ def _sweep(args: argparse.Namespace) -> int:
         print(f"tilesim: interrupted; rerun the same command to resume ({out})", file=sys.stderr)
         return 130
     return _finish(args, scenario, space, log, out)
+
+
+def _check_ranking(by: str, space: Space) -> None:
+    """Refuse before any work a ranking the scenario cannot give (time and cost need the
+    token budget; cost needs every option's price), instead of after the whole sweep."""
+    if by in ("time", "cost") and space.train_tokens is None:
+        raise ConfigError(f"--rank {by}: the scenario needs sweep.train_tokens = [N]")
+    unpriced = sorted({c.option for c in space.contexts if c.price_per_gpu_hour is None})
+    if by == "cost" and unpriced:
+        raise ConfigError(
+            f"--rank cost: the scenario needs price_per_gpu_hour for {', '.join(unpriced)}"
+        )
 
 
 def _finish(

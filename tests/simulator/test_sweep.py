@@ -207,7 +207,9 @@ def test_procurement_report_costs_each_option(tmp_path: Path) -> None:
     assert r["cost_usd"] == pytest.approx(hours * r["num_gpus"] * r["price_per_gpu_hour"])
     table = procurement_table(rows, by="cost")
     assert "a100" in table and "h100" in table
-    assert main(["sweep", str(TINY), "--serial", "--out", str(out / "t"), "--rank", "cost"]) == 2
+    for by in ("cost", "time"):  # tiny has no token budget: refused before any work
+        assert main(["sweep", str(TINY), "--serial", "--out", str(out / "t"), "--rank", by]) == 2
+        assert not (out / "t").exists()
 
 
 @pytest.mark.parametrize("flag", ["--workers", "--top"])
