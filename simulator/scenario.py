@@ -157,7 +157,9 @@ def parse_scenario(raw: dict[str, Any], *, source: str, base_dir: Path) -> Scena
     except ValidationError as e:
         first = e.errors()[0]
         loc = ".".join(str(x) for x in first["loc"])
-        raise ConfigError(f"{source}: key {loc!r}: {first['msg']}") from e
+        unknown = first["type"] == "extra_forbidden"
+        hint = "; `tilesim list keys` prints every key" if unknown else ""
+        raise ConfigError(f"{source}: key {loc!r}: {first['msg']}{hint}") from e
 
 
 def load_scenario(path: str | Path, *, overrides: tuple[str, ...] = ()) -> Scenario:

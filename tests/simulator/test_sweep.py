@@ -95,6 +95,8 @@ def test_unknown_sweep_key_is_a_config_error() -> None:
         enumerate_space(bad)
     with pytest.raises(ConfigError, match=r"sweep\.schedule"):
         enumerate_space(load_scenario(TINY, overrides=("sweep.schedule=['zigzag']",)))
+    with pytest.raises(ConfigError, match=r"'run\.dtype'.*`tilesim list keys`"):
+        load_scenario(TINY, overrides=("run.dtype='bf16'",))  # dtype lives in [training]
 
 
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES))
