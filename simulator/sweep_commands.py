@@ -126,6 +126,11 @@ def _sweep(args: argparse.Namespace) -> int:
     at_least("--top", args.top, 1)
     at_least("--candidates", args.candidates, 0)
     at_least("--per-context", args.per_context, 0)
+    if args.candidates == 0 and args.per_context == 0:
+        raise ConfigError(
+            "--candidates 0 --per-context 0: no layout would be simulated and ranked; "
+            "give --candidates 1 or more"
+        )
     scenario = load_scenario(find_scenario(args.scenario), overrides=tuple(args.overrides))
     space = enumerate_space(scenario)
     if not space.points:

@@ -224,6 +224,12 @@ def test_a_count_below_one_is_refused_before_anything_is_written(
     assert not out.exists()
 
 
+def test_a_sweep_that_would_simulate_nothing_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert _sweep(out, "--candidates", "0", "--per-context", "0") == 2
+    assert not out.exists()
+
+
 def test_an_address_where_no_ray_listens_is_refused_before_anything_is_written(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
