@@ -137,12 +137,16 @@ def _sweep(args: argparse.Namespace) -> int:
         raise InfeasibleConfig(f"no valid layout in the sweep ({space.pruned} pruned)")
     _check_ranking(args.rank, space)
     out = args.out or _out_dir(scenario)
+    _check_out(out)
     shared = build_shared(space, scenario.run)
     executor: Executor = "serial" if args.serial else "ray"
     try:
         # Ray first: a cluster that cannot be joined leaves nothing written.
         with ray_session(executor, RayOptions(workers=args.workers, address=args.address)):
-            log = ProgressLog(out, code_fingerprint())
+            try:
+                log = ProgressLog(out, code_fingerprint())
+            except OSError as e:  # what `_check_out` cannot foresee (root, /proc, a full disk)
+                raise ConfigError(f"--out {out}: {e.strerror}; give another path") from None
             if log.stale:
                 stale = f"tilesim: {out} holds rows of other tilesim code; starting afresh"
                 print(stale, file=sys.stderr)
@@ -157,6 +161,18 @@ def _sweep(args: argparse.Namespace) -> int:
         print(f"tilesim: interrupted; rerun the same command to resume ({out})", file=sys.stderr)
         return 130
     return _finish(args, scenario, space, log, out)
+
+
+def _check_out(out: Path) -> None:
+    """Refuse up front an output folder that cannot be made (a file is there, or the nearest
+    existing parent is not a writable folder), instead of a traceback mid-sweep."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: a file is there; give a folder path")
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: {parent} is not a writable folder; give another path")
 
 
 def _check_ranking(by: str, space: Space) -> None:

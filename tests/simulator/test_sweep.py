@@ -224,6 +224,14 @@ def test_a_count_below_one_is_refused_before_anything_is_written(
     assert not out.exists()
 
 
+def test_an_output_path_that_cannot_be_a_folder_is_refused(tmp_path: Path) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("a file")
+    assert _sweep(taken) == 2
+    assert _sweep(taken / "below") == 2
+    assert taken.read_text() == "a file"
+
+
 def test_a_sweep_that_would_simulate_nothing_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert _sweep(out, "--candidates", "0", "--per-context", "0") == 2
