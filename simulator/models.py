@@ -106,6 +106,15 @@ class ModelSpec(BaseModel):
             mlp = [t for t in mlp for _ in range(local)] + [h * self.num_experts]
         return norm + attn + norm + mlp
 
+    def check_sequence(self, seq: int) -> None:
+        """A `ConfigError` when ``seq`` tokens do not fit a learned position table (the model
+        cannot run them: GPT-2, OPT and BERT index the table by position)."""
+        if self.position == "learned" and seq > self.max_positions:
+            raise ConfigError(
+                f"seq {seq} exceeds model {self.id}'s {self.max_positions} learned positions; "
+                f"give a sequence of at most {self.max_positions} tokens"
+            )
+
     def num_params(self, *, embeddings: bool = True) -> int:
         """Total parameters; ``embeddings=False`` drops token/position tables and the head."""
         dec = self._stack_params(self.num_layers, cross=self.num_encoder_layers > 0)

@@ -114,6 +114,7 @@ def _inventories() -> dict[tuple[str, str], InventoryFn]:
 
 def inventory(model: ModelSpec, run: Workload) -> tuple[Block, ...]:
     """The blocks of a model under a framework; an unsupported pair names the supported ones."""
+    model.check_sequence(run.seq)
     table = _inventories()
     key = (run.framework, model.architecture)
     if key not in table:

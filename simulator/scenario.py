@@ -251,9 +251,11 @@ def resolve(s: Scenario) -> SimInputs:
         cluster = resolve_cluster(s.cluster)
     except (GPUError, TopologyError) as e:
         raise ConfigError(f"cluster: {e}") from e
+    model = resolve_model(s)
+    model.check_sequence(s.model.seq_len)
     return SimInputs(
         name=s.study.name,
-        model=resolve_model(s),
+        model=model,
         seq_len=s.model.seq_len,
         gpu=gpu,
         cluster=cluster,

@@ -70,3 +70,12 @@ def test_switch_expert_capacity_caps_each_sequence() -> None:
     assert m.expert_rows(2 * 2048, 2) == 2 * 64
     assert m.expert_rows(2 * 128, 2) == 2 * 32  # under the cap: balanced routing
     assert m.model_copy(update={"expert_capacity": 0}).expert_rows(2 * 2048, 2) == 1024
+
+
+def test_a_sequence_beyond_learned_positions_is_refused() -> None:
+    """GPT-2-style models index a learned position table: longer sequences cannot run."""
+    tiny = load_model("tiny-gpt")  # 512 learned positions
+    tiny.check_sequence(512)
+    with pytest.raises(ConfigError, match="513 exceeds model tiny-gpt's 512 learned positions"):
+        build_ops(tiny, Workload(batch=1, seq=513, mode="inf"))
+    load_model("llama3-8b").check_sequence(1_000_000)  # rotary: no table to outgrow
