@@ -140,6 +140,25 @@ def _values(scenario: Scenario, key: str) -> list[Any]:
     return list(dict.fromkeys(values))
 
 
+def _gpu_counts(values: Any, where: str) -> list[int]:
+    """A non-empty list of positive whole GPU counts, or a `ConfigError` naming ``where``."""
+    if not isinstance(values, list) or not values:
+        raise ConfigError(f"{where}: give a non-empty list of GPU counts, e.g. [512, 1024]")
+    for n in values:
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            raise ConfigError(f"{where}: {n!r} is not a positive whole number of GPUs")
+    return values
+
+
+def _number(value: Any, where: str, *, positive: bool = False) -> float:
+    """A real number (> 0 when ``positive``, else >= 0), or a `ConfigError` naming ``where``."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or value < 0 or (positive and value == 0):
+        need = "a positive number" if positive else "a number >= 0"
+        raise ConfigError(f"{where}: {value!r}; give {need}")
+    return float(value)
+
+
 def _options(scenario: Scenario) -> list[dict[str, Any]]:
     raw = scenario.sweep.get("options") or [{}]
     out = []
@@ -147,12 +166,28 @@ def _options(scenario: Scenario) -> list[dict[str, Any]]:
         if not isinstance(opt, dict) or set(opt) - OPTION_KEYS:
             bad = sorted(set(opt) - OPTION_KEYS) if isinstance(opt, dict) else opt
             raise ConfigError(f"sweep.options[{i}]: unknown keys {bad}; use {sorted(OPTION_KEYS)}")
+        for key in ("price_per_gpu_hour", "power_w_per_gpu"):
+            if key in opt:
+                _number(opt[key], f"sweep.options[{i}].{key}")
+        if "num_gpus" in opt:
+            _gpu_counts(opt["num_gpus"], f"sweep.options[{i}].num_gpus")
         out.append(opt)
     return out
 
 
+def _train_tokens(scenario: Scenario) -> float | None:
+    tokens = scenario.sweep.get("train_tokens")
+    if tokens is None:
+        return None
+    if not isinstance(tokens, list) or len(tokens) != 1:
+        raise ConfigError(f"sweep.train_tokens: {tokens!r}; give one token budget, e.g. [2e12]")
+    return _number(tokens[0], "sweep.train_tokens", positive=True)
+
+
 def _contexts(scenario: Scenario) -> list[Context]:
-    sizes = scenario.sweep.get("world_size", [scenario.cluster.num_gpus])
+    sizes = _gpu_counts(
+        scenario.sweep.get("world_size", [scenario.cluster.num_gpus]), "sweep.world_size"
+    )
     out: list[Context] = []
     for opt in _options(scenario):
         base = scenario.cluster.model_dump()
@@ -220,12 +255,11 @@ def enumerate_space(scenario: Scenario) -> Space:
                 pruned += 1
                 continue
             points.append(Point(context=ci, **(p | {"dp": layout.dp})))
-    tokens = scenario.sweep.get("train_tokens")
     return Space(
         contexts=tuple(contexts),
         points=tuple(sorted(points, key=_sort_key)),
         pruned=pruned,
-        train_tokens=float(tokens[0]) if tokens else None,
+        train_tokens=_train_tokens(scenario),
     )
 
 

@@ -89,6 +89,22 @@ def test_space_layouts_are_valid_and_distinct() -> None:
     assert len(set(keys)) == len(keys)
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("sweep.world_size=[0]", "sweep.world_size: 0 is not a positive whole number"),
+        ("sweep.world_size=[1.5]", "sweep.world_size: 1.5 is not a positive whole number"),
+        ("sweep.train_tokens=[-5]", "sweep.train_tokens: -5; give a positive number"),
+        ("sweep.train_tokens=[1e9, 2e9]", "give one token budget"),
+        ("sweep.options=[{num_gpus = [0]}]", r"sweep.options\[0\].num_gpus: 0"),
+        ("sweep.options=[{price_per_gpu_hour = -1}]", r"price_per_gpu_hour: -1; give a number"),
+    ],
+)
+def test_bad_sweep_values_are_config_errors(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        enumerate_space(load_scenario(TINY, overrides=(override,)))
+
+
 def test_unknown_sweep_key_is_a_config_error() -> None:
     bad = load_scenario(TINY, overrides=("sweep.tpp=[2]",))
     with pytest.raises(ConfigError, match="tpp"):
