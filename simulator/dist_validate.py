@@ -38,7 +38,8 @@ from simulator.scenario import Scenario, parse_scenario, resolve
 from simulator.simulate import latency_table, simulate
 
 SHARED_DATA = DEFAULT_DATA_DIR.parent
-LABEL_DIR = DEFAULT_DATA_DIR / "labels" / "NVIDIA_A100-SXM4-40GB"
+LABEL_GPU = Path("labels") / "NVIDIA_A100-SXM4-40GB"  # under a NeuSight data folder
+LABEL_DIR = DEFAULT_DATA_DIR / LABEL_GPU
 PUBLISHED = SHARED_DATA / "published" / "dev_runs.json"
 LABEL_LAYOUTS = {
     "dp4": {"dp": 4, "micro_batch_size": 1},
@@ -59,12 +60,14 @@ class Check:
     simulate_s: float = 0.0
 
 
-def label_scenario(layout: str, *, latency_model: str = "auto") -> Scenario:
+def label_scenario(
+    layout: str, *, latency_model: str = "auto", data_dir: Path = DEFAULT_DATA_DIR
+) -> Scenario:
     """The scenario of one NeuSight A100-SXM4-40GB distributed label."""
     raw = {
         "study": {"name": f"gpt2-large-{layout}"},
         "model": {
-            "hf_config": str(DEFAULT_DATA_DIR / "models" / "gpt2_large.json"),
+            "hf_config": str(data_dir / "models" / "gpt2_large.json"),
             "seq_len": 1024,
         },
         "cluster": {
@@ -190,17 +193,14 @@ def _run(s: Scenario) -> tuple[Any, float]:
     return result, time.perf_counter() - t0
 
 
-def check_labels(*, latency_model: str = "auto") -> list[Check]:
+def check_labels(*, latency_model: str = "auto", data_dir: Path = DEFAULT_DATA_DIR) -> list[Check]:
     """GPT-2 Large DP4 / TP4 / PP4 on A100-SXM4-40GB: forward+backward time."""
     out = []
     for layout in LABEL_LAYOUTS:
-        measured_s = (
-            json.loads((LABEL_DIR / f"gpt2_large-train-1024-4-{layout}.json").read_text())[
-                "e2e_latency"
-            ]
-            / 1e3
-        )
-        res, took = _run(label_scenario(layout, latency_model=latency_model))
+        label = data_dir / LABEL_GPU / f"gpt2_large-train-1024-4-{layout}.json"
+        measured_s = json.loads(label.read_text())["e2e_latency"] / 1e3
+        scenario = label_scenario(layout, latency_model=latency_model, data_dir=data_dir)
+        res, took = _run(scenario)
         err = res.forward_backward_s / measured_s - 1
         out.append(
             Check(f"gpt2-large {layout}", "fw+bw s", measured_s, res.forward_backward_s, err, took)

@@ -142,6 +142,8 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _validate_e2e(args: argparse.Namespace) -> int:
+    if not (args.data / "labels").is_dir():
+        raise ConfigError(f"--data {args.data}: no labels folder; give the NeuSight data folder")
     tables, skipped = e2e_tables(args.data)
     for t in tables:
         if args.readme is not None:

@@ -10,8 +10,16 @@ import json
 from pathlib import Path
 
 from forecast.report import update_readme
-from simulator.dist_validate import Check, check_labels, check_published, markdown
+from simulator.dist_validate import (
+    LABEL_GPU,
+    PUBLISHED,
+    Check,
+    check_labels,
+    check_published,
+    markdown,
+)
 from simulator.errors import ConfigError
+from simulator.models import DEFAULT_DATA_DIR
 from simulator.scenario import load_scenario, resolve
 from simulator.simulate import latency_table, simulate_timeline
 from simulator.trace import write_trace
@@ -40,6 +48,8 @@ def add_validate_distributed(vs: argparse._SubParsersAction[argparse.ArgumentPar
     d.add_argument("--latency-model", default="auto", help="auto | roofline-derated | ...")
     d.add_argument("--labels-only", action="store_true", help="skip the published runs")
     d.add_argument("--readme", type=Path, default=None, help="rewrite the README's table")
+    d.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
+    d.add_argument("--published", type=Path, default=PUBLISHED, help="published runs (JSON)")
     d.set_defaults(handler=_validate_distributed)
 
 
@@ -75,9 +85,14 @@ ZERO3_FIT_MODEL = "174.6B"  # the GPT-3 175B rows
 def _validate_distributed(args: argparse.Namespace) -> int:
     if args.readme is not None and args.labels_only:
         raise ConfigError("--readme needs the published runs too; drop --labels-only")
-    checks = check_labels(latency_model=args.latency_model)
+    labels = args.data / LABEL_GPU
+    if not labels.is_dir():
+        raise ConfigError(f"--data {args.data}: no {LABEL_GPU}; give the NeuSight data folder")
+    if not args.labels_only and not args.published.is_file():
+        raise ConfigError(f"--published {args.published}: no such file; give dev_runs.json")
+    checks = check_labels(latency_model=args.latency_model, data_dir=args.data)
     if not args.labels_only:
-        checks += check_published(latency_model=args.latency_model)
+        checks += check_published(latency_model=args.latency_model, path=args.published)
     text = markdown(checks)
     pub = [c for c in checks if c.metric != "fw+bw s"]
     if pub:

@@ -160,3 +160,17 @@ def test_validate_distributed_readme_needs_markers_and_published_runs(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--labels-only" in err[0]
     assert readme.read_text() == "# no markers here\n"
+
+
+def test_validate_commands_name_a_data_folder_without_their_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = str(tmp_path / "missing.json")
+    for argv, flag in (
+        (["validate", "distributed", "--data", str(tmp_path)], "--data"),
+        (["validate", "e2e", "--data", str(tmp_path)], "--data"),
+        (["validate", "distributed", "--data", str(tmp_path), "--published", missing], "--data"),
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and flag in err[0] and "NeuSight data folder" in err[0]
