@@ -117,11 +117,20 @@ def same_kernel_rows(ratios: dict[str, dict[str, np.ndarray]]) -> list[str]:
     return rows
 
 
-def e2e_tables(data_dir: Path) -> tuple[list[Table], dict[str, str]]:
-    """The three tables, and the label folders skipped with their reason."""
+Runs = dict[str, list[PreparedRun]]  # latency model -> every labelled run, same order
+
+
+def e2e_runs(data_dir: Path) -> tuple[Runs, dict[str, str]]:
+    """Every labelled run prepared under tile-mlp and roofline, and the label folders
+    skipped with their reason."""
     labels, skipped = load_labels(data_dir)
     runs = {k: prepare(labels, data_dir, load_latency_model(k)) for k in ("tile-mlp", "roofline")}
-    tables = [
+    return runs, skipped
+
+
+def e2e_tables(data_dir: Path, runs: Runs) -> list[Table]:
+    """The three tables of ``runs`` (from `e2e_runs` of the same ``data_dir``)."""
+    return [
         Table(
             "Whole-model e2e error per GPU",
             E2E_BEGIN,
@@ -143,4 +152,3 @@ def e2e_tables(data_dir: Path) -> tuple[list[Table], dict[str, str]]:
             "\n".join(same_kernel_rows(same_kernel_ratios(data_dir))),
         ),
     ]
-    return tables, skipped

@@ -17,7 +17,7 @@ from forecast.gpus import GPUError, load_gpu
 from forecast.predict import LatencyModel, load_latency_model
 from forecast.report import update_readme
 from simulator.e2e import E2EResult, predict_run
-from simulator.e2e_tables import e2e_tables
+from simulator.e2e_tables import e2e_runs, e2e_tables
 from simulator.errors import ConfigError
 from simulator.models import DEFAULT_DATA_DIR, load_model
 from simulator.opgraph import Workload
@@ -53,6 +53,7 @@ def add_predict_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     e.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
     e.add_argument("--markdown", action="store_true", help="print the README table only")
     e.add_argument("--readme", type=Path, default=None, help="rewrite the README's e2e table")
+    e.add_argument("--plot", type=Path, default=None, help="draw predicted vs measured (PNG)")
     e.set_defaults(handler=_validate_e2e)
     from simulator.simulate_commands import add_validate_distributed
 
@@ -144,12 +145,16 @@ def _predict(args: argparse.Namespace) -> int:
 def _validate_e2e(args: argparse.Namespace) -> int:
     if not (args.data / "labels").is_dir():
         raise ConfigError(f"--data {args.data}: no labels folder; give the NeuSight data folder")
-    tables, skipped = e2e_tables(args.data)
-    for t in tables:
+    runs, skipped = e2e_runs(args.data)
+    for t in e2e_tables(args.data, runs):
         if args.readme is not None:
             update_readme(args.readme, t.markdown, begin=t.begin, end=t.end)
         print(t.markdown if args.markdown else f"{t.title}\n{t.markdown}\n")
     if not args.markdown:
         for folder, why in skipped.items():
             print(f"skipped {folder}: {why}")
+    if args.plot is not None:
+        from simulator.e2e_plots import plot_e2e  # matplotlib only when a figure is drawn
+
+        print(f"wrote {plot_e2e(runs['tile-mlp'], args.plot)}")
     return 0

@@ -28,9 +28,9 @@ def test_kernel_table_is_generated_from_validation_json() -> None:
 def test_e2e_tables_are_what_validate_e2e_prints() -> None:
     if not (NEUSIGHT / "labels").is_dir():
         pytest.skip(f"NeuSight labels not found at {NEUSIGHT} (clone without ../shared)")
-    from simulator.e2e_tables import e2e_tables
+    from simulator.e2e_tables import e2e_runs, e2e_tables
 
-    tables, _ = e2e_tables(NEUSIGHT)
+    tables = e2e_tables(NEUSIGHT, e2e_runs(NEUSIGHT)[0])
     assert len(tables) == 3
     for t in tables:
         assert _between(t.begin, t.end) == t.markdown

@@ -272,3 +272,13 @@ def test_framework_attribution_counts_backward_kernels_with_their_op() -> None:
     assert by_op["softmax"] > by_kernel["softmax"]
     assert by_op["linear"] > by_kernel["linear"]
     assert by_op["elementwise"] < by_kernel["elementwise"]
+
+
+def test_validate_e2e_draws_its_figure(tmp_path: Path) -> None:
+    from simulator.models import DEFAULT_DATA_DIR
+
+    if not (DEFAULT_DATA_DIR / "labels").is_dir():
+        pytest.skip(f"NeuSight labels not found at {DEFAULT_DATA_DIR} (clone without ../shared)")
+    out = tmp_path / "e2e.png"
+    assert main(["validate", "e2e", "--markdown", "--plot", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
