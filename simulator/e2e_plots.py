@@ -17,6 +17,7 @@ import numpy as np
 
 from simulator.e2e import FITTED
 from simulator.e2e_validate import PreparedRun, predicted_e2e_ms
+from simulator.figures import save_figure
 
 BAND = 0.12  # the whole-model target's largest error
 
@@ -54,8 +55,4 @@ def plot_e2e(runs: list[PreparedRun], out: Path) -> Path:
     axes[0].set_ylabel("predicted or summed (ms)")
     axes[1].legend(fontsize=7, loc="upper left", ncol=2)
     fig.suptitle("Whole models on one GPU against the NeuSight labels (dashed: +-12%)")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)

@@ -14,6 +14,7 @@ import pandas as pd
 from forecast.dataset import Measurements
 from forecast.evaluate import predict_rows
 from forecast.predict import LatencyModel
+from simulator.figures import save_figure
 
 
 def plot_predicted_vs_measured(
@@ -51,8 +52,4 @@ def plot_predicted_vs_measured(
         ax.set_ylabel("predicted (ms)")
         ax.legend(fontsize=6, loc="upper left")
     fig.suptitle("Kernel forecasts on GPUs absent from training (MAPE in brackets)")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, dpi=120)

@@ -14,6 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from simulator.figures import save_figure
 from simulator.report import RANKING_NAMES, best_per_context, layout_label, rank
 from simulator.rows import Row
 
@@ -45,7 +46,7 @@ def plot_top_layouts(rows: Sequence[Row], path: Path, *, by: str = "tokens", k: 
     ax.set_title(f"Top {len(top)} layouts by {RANKING_NAMES[by]} (best at the top)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=8, ncol=8)
     ax.tick_params(axis="y", labelsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -79,7 +80,7 @@ def plot_pareto(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path:
     ax.set_ylabel("tokens/s")
     ax.set_title("Throughput vs memory (faint: screened in closed form; ringed: simulated)")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _context_order(ctx: str) -> tuple[str, int]:
@@ -106,7 +107,7 @@ def plot_scaling(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path
     ax.set_ylabel("best tokens/s")
     ax.set_title("Scaling: best layout at each cluster size")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_procurement(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path:
@@ -136,14 +137,7 @@ def plot_procurement(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> 
         if i:
             ax.set_yticks([])
     fig.suptitle(f"Cluster options: best layout of each (ranked by {RANKING_NAMES[by]})")
-    return _save(fig, path)
-
-
-def _save(fig: plt.Figure, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 PLOTS: dict[str, Callable[..., Path]] = {
