@@ -63,10 +63,14 @@ def add_sweep_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p.set_defaults(handler=_plot)
 
 
-def _out_dir(scenario: Scenario) -> Path:
+def _digest(scenario: Scenario) -> str:
+    """A short hash of everything the scenario (with its --set overrides) asks for."""
     dump = scenario.model_dump(mode="json", exclude={"base_dir"})
-    digest = hashlib.sha256(json.dumps(dump, sort_keys=True).encode()).hexdigest()[:10]
-    return Path("results") / scenario.study.name / digest
+    return hashlib.sha256(json.dumps(dump, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _out_dir(scenario: Scenario) -> Path:
+    return Path("results") / scenario.study.name / _digest(scenario)
 
 
 def _write_resolved(scenario: Scenario, space: Space, out: Path) -> None:
@@ -144,11 +148,15 @@ def _sweep(args: argparse.Namespace) -> int:
         # Ray first: a cluster that cannot be joined leaves nothing written.
         with ray_session(executor, RayOptions(workers=args.workers, address=args.address)):
             try:
-                log = ProgressLog(out, code_fingerprint())
+                # rows are resumed only for the same code and the same scenario
+                log = ProgressLog(out, f"{code_fingerprint()}-{_digest(scenario)}")
             except OSError as e:  # what `_check_out` cannot foresee (root, /proc, a full disk)
                 raise ConfigError(f"--out {out}: {e.strerror}; give another path") from None
             if log.stale:
-                stale = f"tilesim: {out} holds rows of other tilesim code; starting afresh"
+                stale = (
+                    f"tilesim: {out} holds rows of another scenario or other tilesim code; "
+                    "starting afresh"
+                )
                 print(stale, file=sys.stderr)
             _write_resolved(scenario, space, out)
             screened = _tier(args, log, "screen", space.points, shared)

@@ -186,6 +186,20 @@ def test_interrupted_sweep_resumes_to_identical_rows(tmp_path: Path) -> None:
     assert len({(r["key"], r["tier"]) for r in logged}) == len(logged) == len(lines)
 
 
+def test_rows_of_another_scenario_in_the_same_folder_are_not_resumed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rerunning into one --out with other --set values used to resume the first sweep's rows,
+    so layouts outside the new space were ranked and reported."""
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    assert _sweep(out) == 0
+    assert _sweep(out, "--set", "sweep.tp=[1]") == 0
+    assert "another scenario" in capsys.readouterr().err
+    assert {r["tp"] for r in load_rows(out)} == {1}
+    assert _sweep(fresh, "--set", "sweep.tp=[1]") == 0
+    assert load_rows(out) == load_rows(fresh)
+
+
 def test_a_log_of_other_code_is_not_resumed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
