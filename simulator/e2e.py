@@ -67,27 +67,19 @@ def phase_time_s(graph: OpGraph, table: LatencyTable, phase: Phase, over: Overhe
     return max(gpu, host)
 
 
-def family_times_s(graph: OpGraph, table: LatencyTable, over: Overheads) -> dict[str, float]:
-    """Kernel time (with gaps) per op family over forward and backward."""
-    out: dict[str, float] = defaultdict(float)
-    for op in graph.ops:
-        if op.phase is not Phase.OPTIMIZER:
-            out[op.kernel.family.value] += op.count * (table[op.kernel] + over.gap_s)
-    return dict(sorted(out.items()))
-
-
-def framework_family_times_s(
-    graph: OpGraph, table: LatencyTable, over: Overheads
+def family_times_s(
+    graph: OpGraph, table: LatencyTable, over: Overheads, *, by_op: bool = False
 ) -> dict[str, float]:
-    """Kernel time (with gaps) over forward and backward per family of the framework op each
-    kernel serves, as a per-op trace attributes it: a backward kernel and a parameter's
-    gradient accumulation (``NAME.acc``) count with the forward op ``NAME`` (a softmax's
-    backward multiply is softmax time, a linear layer's ``add`` into its gradient is linear
-    time)."""
+    """Kernel time (with gaps) per op family over forward and backward: the family of each
+    kernel, or with ``by_op`` the family of the framework op it serves, as a per-op trace
+    attributes it: a backward kernel and a parameter's gradient accumulation (``NAME.acc``)
+    count with the forward op ``NAME`` (a softmax's backward multiply is softmax time, a
+    linear layer's ``add`` into its gradient is linear time)."""
     owner: dict[str, str] = {}
-    for op in graph.ops:
-        if op.phase is Phase.FORWARD:
-            owner.setdefault(op.name, op.kernel.family.value)
+    if by_op:
+        for op in graph.ops:
+            if op.phase is Phase.FORWARD:
+                owner.setdefault(op.name, op.kernel.family.value)
     out: dict[str, float] = defaultdict(float)
     for op in graph.ops:
         if op.phase is not Phase.OPTIMIZER:

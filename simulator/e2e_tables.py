@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from forecast.predict import load_latency_model
-from simulator.e2e import FITTED, framework_family_times_s
+from simulator.e2e import FITTED, family_times_s
 from simulator.e2e_validate import (
     PreparedRun,
     load_labels,
@@ -86,7 +86,7 @@ def family_rows(runs: dict[str, list[PreparedRun]]) -> list[str]:
                 meas[fam] += ms
             for kind, items in runs.items():
                 p = items[i]
-                for fam, t in framework_family_times_s(p.graph, p.table, FITTED).items():
+                for fam, t in family_times_s(p.graph, p.table, FITTED, by_op=True).items():
                     pred[kind][fam] += t * 1e3
         cells = []
         for fam in FAMILY_COLUMNS:

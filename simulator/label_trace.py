@@ -168,9 +168,3 @@ def trace_family_ms(path: Path, num_layers: int) -> dict[str, float] | None:
         fam: layer.get(fam, 0.0) * num_layers + rest.get(fam, 0.0)
         for fam in sorted(layer.keys() | rest.keys())
     }
-
-
-def trace_sum_ms(path: Path, num_layers: int) -> float | None:
-    """The whole trace summed to the full model, ms (see `trace_family_ms`)."""
-    fams = trace_family_ms(path, num_layers)
-    return None if fams is None else sum(fams.values())
