@@ -13,33 +13,17 @@ Registered in `forecast.predict.LATENCY_MODELS` as ``auto`` (fp32 via tile-mlp).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
+from forecast.bandwidth import BandwidthModel
 from forecast.gpus import GPUSpec
 from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, OpFamily
 from forecast.predict import LatencyModel
 from forecast.tensor_core import TensorCoreModel, load_params
 
 TENSOR_FAMILIES = frozenset({*GEMM_FAMILIES, OpFamily.ATTENTION})
-
-
-@dataclass
-class BandwidthModel:
-    """Memory-bound kernels: ``launch_s + bytes / (efficiency x HBM bandwidth)``."""
-
-    efficiency: float
-    launch_s: float = 3e-6
-    name: str = "bandwidth"
-
-    def predict_s(self, kernels: list[KernelSpec], gpu: GPUSpec) -> npt.NDArray[np.float64]:
-        """Seconds per kernel, in input order."""
-        nbytes = np.array([k.bytes() for k in kernels], dtype=np.float64)
-        return np.asarray(
-            self.launch_s + nbytes / (self.efficiency * gpu.hbm_bw_bytes_per_s), np.float64
-        )
 
 
 class DtypeRouter:
@@ -57,7 +41,7 @@ class DtypeRouter:
         self._fp32_loader = fp32_loader
         self._fp32: LatencyModel | None = None
         self.tensor_core = tensor_core or TensorCoreModel()
-        self.bandwidth = bandwidth or BandwidthModel(load_params().hbm_efficiency)
+        self.bandwidth = bandwidth or BandwidthModel(load_params().hbm_efficiency, launch_s=3e-6)
 
     def route(self, kernel: KernelSpec) -> str:
         """Which model serves a kernel: ``fp32``, ``tensor-core`` or ``bandwidth``."""

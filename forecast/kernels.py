@@ -76,13 +76,27 @@ ELEMENTWISE_OPS: dict[str, tuple[int, int]] = {
     "tanh": (1, 4),
 }
 
-# Memory-bound operators: (bytes-sized elements read, written) per element of (B, H).
+# Memory-bound operators: (dtype-sized elements read, written) per element of (B, H).
 MEMORY_OPS: dict[str, tuple[float, float]] = {
     "copy": (1.0, 1.0),
     "embedding": (1.0, 1.0),  # gather B rows of width H, write them
-    "dropout": (1.0, 2.0),  # read x, write y and a mask (mask counted as one element)
-    "masked_fill": (1.0, 1.0),
+    "dropout": (1.0, 1.0),  # read x, write y (and a bool mask: `MASK_BYTES`)
+    "dropout_backward": (1.0, 1.0),  # read dy (and the mask), write dx
+    "masked_fill": (1.0, 1.0),  # mask or fill value broadcast (causal [1, 1, S, S], scalar)
+    "masked_fill_full": (1.0, 1.0),  # a full-size bool mask (`MASK_BYTES`)
+    "compare": (1.0, 0.0),  # x == / < / > a scalar tensor, writes a bool tensor
+    "where": (2.0, 1.0),  # where(full-size bool, a, b)
     "fill": (0.0, 1.0),
+}
+
+# Bytes per element of a full-size bool tensor a memory-bound operator reads or writes,
+# whatever the dtype of its other operands.
+MASK_BYTES: dict[str, float] = {
+    "dropout": 1.0,
+    "dropout_backward": 1.0,
+    "masked_fill_full": 1.0,
+    "compare": 1.0,
+    "where": 1.0,
 }
 
 FAMILY_OPS: dict[OpFamily, tuple[str, ...]] = {
@@ -197,4 +211,4 @@ class KernelSpec:
         if self.family is OpFamily.SOFTMAX:
             return float(s * 2 * B * H)
         reads_w, writes_w = MEMORY_OPS[self.op]
-        return float(s * B * H * (reads_w + writes_w))
+        return float(B * H * (s * (reads_w + writes_w) + MASK_BYTES.get(self.op, 0.0)))

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from forecast.bandwidth import BandwidthModel
 from forecast.features import build_features, feature_names
 from forecast.gpus import GPUSpec
 from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, OpFamily
@@ -30,25 +31,12 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class MemoryModel:
-    """Memory-bound ops: launch time plus bytes over an achieved fraction of peak bandwidth."""
-
-    efficiency: float = 0.8
-    launch_s: float = 5e-6
-
-    def predict_s(self, kernels: list[KernelSpec], gpu: GPUSpec) -> npt.NDArray[np.float64]:
-        """Seconds per kernel."""
-        nbytes = np.array([k.bytes() for k in kernels], dtype=np.float64)
-        return self.launch_s + nbytes / (self.efficiency * gpu.hbm_bw_bytes_per_s)
-
-
-@dataclass
 class TileMLPModel:
     """The tile-level MLP latency model (NeuSight's method, with the fixes of this project)."""
 
     mlps: dict[OpFamily, TileEnsemble]
     picker: TilePicker
-    memory: MemoryModel = field(default_factory=MemoryModel)
+    memory: BandwidthModel = field(default_factory=BandwidthModel)
     meta: dict[str, Any] = field(default_factory=dict)
     name: str = "tile-mlp"
     _warned: set[OpFamily] = field(default_factory=set)
@@ -137,7 +125,7 @@ class TileMLPModel:
                 keys = sorted({k.rsplit("|", 1)[0] for k in z.files})
                 tables[fam_name] = [_table(k, z[f"{k}|dims"], z[f"{k}|choice"]) for k in keys]
         mem = meta.get("memory", {})
-        memory = MemoryModel(
+        memory = BandwidthModel(
             efficiency=mem.get("efficiency", 0.8), launch_s=mem.get("launch_s", 5e-6)
         )
         return cls(mlps=mlps, picker=TilePicker(tables), memory=memory, meta=meta)

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from forecast.gpus import GPUSpec
-from forecast.kernels import ELEMENTWISE_OPS, MEMORY_OPS, OpFamily
+from forecast.kernels import ELEMENTWISE_OPS, MASK_BYTES, MEMORY_OPS, OpFamily
 
 F64 = npt.NDArray[np.float64]
 
@@ -136,7 +136,7 @@ def _passes(family: OpFamily, ops: list[str]) -> F64:
     if family is OpFamily.ELEMENTWISE:
         rows = [(ELEMENTWISE_OPS[o][1], ELEMENTWISE_OPS[o][0] + 1.0) for o in ops]
     elif family is OpFamily.MEMORY:
-        rows = [(0.0, MEMORY_OPS[o][0] + MEMORY_OPS[o][1]) for o in ops]
+        rows = [(0.0, sum(MEMORY_OPS[o]) + MASK_BYTES.get(o, 0.0) / 4.0) for o in ops]
     else:
         per = {OpFamily.SOFTMAX: (5.0, 2.0), OpFamily.LAYERNORM: (8.0, 2.0)}[family]
         rows = [per] * len(ops)

@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from forecast.bandwidth import BandwidthModel
 from forecast.dataset import (
     GEMM_DIMS,
     TRAIN_DEVICES,
@@ -30,7 +31,7 @@ from forecast.features import FeatureBatch, build_features
 from forecast.gpus import load_gpu
 from forecast.kernels import GEMM_FAMILIES, OpFamily
 from forecast.mlp import TileEnsemble, TileMLP
-from forecast.tile_mlp import MemoryModel, TileMLPModel
+from forecast.tile_mlp import TileMLPModel
 from forecast.tilepick import TilePicker, TileTable, build_tile_table
 
 SEED = 0
@@ -139,7 +140,7 @@ def fit_family(
     return ens
 
 
-def fit_memory_model(meas: Measurements, devices: Sequence[str]) -> MemoryModel:
+def fit_memory_model(meas: Measurements, devices: Sequence[str]) -> BandwidthModel:
     """Bandwidth efficiency and launch time of memory-bound ops, from element-wise kernels.
 
     Efficiency: median achieved fraction of peak bandwidth over kernels moving > 64 MB;
@@ -153,7 +154,7 @@ def fit_memory_model(meas: Measurements, devices: Sequence[str]) -> MemoryModel:
     big, small = nbytes > 64e6, nbytes < 64e3
     eff = float(np.median(nbytes[big] / (lat[big] * bw[big]))) if big.any() else 0.8
     launch = float(np.median(lat[small])) if small.any() else 5e-6
-    return MemoryModel(efficiency=round(eff, 4), launch_s=float(f"{launch:.3g}"))
+    return BandwidthModel(efficiency=round(eff, 4), launch_s=float(f"{launch:.3g}"))
 
 
 def load_family_data(data_dir: Path, families: Sequence[OpFamily]) -> dict[OpFamily, Measurements]:
@@ -181,7 +182,7 @@ def train_model(
     mlps = {}
     for family in tqdm(fams, desc="training", unit="family", disable=not progress):
         mlps[family] = fit_family(meas[family], family, picker, devices)
-    memory = MemoryModel()
+    memory = BandwidthModel()
     if OpFamily.ELEMENTWISE in meas:
         memory = fit_memory_model(meas[OpFamily.ELEMENTWISE], devices)
     files = [p for f in fams for p in neusight_files(data_dir, f)]

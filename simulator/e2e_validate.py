@@ -15,13 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
+from forecast.bandwidth import BandwidthModel
 from forecast.dataset import GEMM_DIMS, ROW_DIMS, load_measurements, neusight_files
 from forecast.gpus import GPUError, GPUSpec, load_gpu
-from forecast.kernels import OpFamily
+from forecast.kernels import Dtype, KernelSpec, OpFamily
 from forecast.predict import LatencyModel, LatencyTable
 from forecast.stream import stream_table
 from simulator.e2e import Overheads, predict_graph
-from simulator.label_trace import TABLED, trace_family_ms, trace_kernels
+from simulator.label_trace import TABLED, trace_backward_ms, trace_family_ms, trace_kernels
 from simulator.models import ModelSpec, load_model
 from simulator.opgraph import OpGraph, Phase, Workload, build_ops
 
@@ -58,14 +59,21 @@ class PreparedRun:
     table: LatencyTable
 
 
+def _folder_gpu(folder: Path) -> GPUSpec | None:
+    """The GPU of a label folder (its device name, spaces as ``_``); None if not in the catalog."""
+    try:
+        return load_gpu(folder.name.replace("_", " "))
+    except GPUError:
+        return None
+
+
 def load_labels(data_dir: Path) -> tuple[list[Label], dict[str, str]]:
     """All single-GPU labels, and the skipped GPU folders with their reason."""
     labels: list[Label] = []
     skipped: dict[str, str] = {}
     for folder in sorted((data_dir / "labels").iterdir()):
-        try:
-            gpu = load_gpu(folder.name.replace("_", " "))
-        except GPUError:
+        gpu = _folder_gpu(folder)
+        if gpu is None:
             skipped[folder.name] = "no catalog entry for this device"
             continue
         for path in sorted(folder.glob("*.json")):
@@ -146,6 +154,29 @@ def predicted_e2e_ms(p: PreparedRun, over: Overheads) -> float:
 def rel_errors(runs: list[PreparedRun], over: Overheads) -> np.ndarray:
     """Signed relative e2e errors, (pred - measured) / measured."""
     return np.array([predicted_e2e_ms(p, over) / p.label.e2e_ms - 1.0 for p in runs])
+
+
+DROPOUT_CALLS = frozenset({"Dropout", "dropout"})
+STREAMING_ELEMENTS = 2**21  # tensors this large stream at full speed (launch cost < 20%)
+
+
+def slow_memory_ops(data_dir: Path, memory: BandwidthModel) -> dict[str, float]:
+    """`forecast.tile_mlp.SLOW_MEMORY_OPS` from the training traces of the kernel-training GPUs:
+    per dropout row of at least `STREAMING_ELEMENTS`, its measured backward time less the
+    launch over ``memory``'s bandwidth time of a ``dropout_backward`` kernel; the median."""
+    ratios = []
+    for folder in sorted((data_dir / "labels").iterdir()):
+        gpu = _folder_gpu(folder)
+        if gpu is None or gpu.id not in TRAINING_GPUS:
+            continue
+        for path in sorted(folder.glob("*-train-*.csv.gz")):
+            for dims, ms in trace_backward_ms(path, DROPOUT_CALLS):
+                if dims[0] * dims[1] < STREAMING_ELEMENTS:
+                    continue
+                k = KernelSpec(OpFamily.MEMORY, dims, Dtype.FP32, "dropout_backward")
+                stream_s = k.bytes() / (memory.efficiency * gpu.hbm_bw_bytes_per_s)
+                ratios.append((ms * 1e-3 - memory.launch_s) / stream_s)
+    return {"dropout_backward": round(float(np.median(ratios)), 2)} if ratios else {}
 
 
 def fit_overheads(runs: list[PreparedRun]) -> Overheads:

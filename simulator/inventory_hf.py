@@ -185,7 +185,7 @@ def opt(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
         *(r.memory(f"split_{x}", "copy", (z.T, z.H), z.dt) for x in "qkv"),
         r.bmm("qk", (z.B * z.nh, z.S, z.d, z.S), z.dt),
         r.elementwise("mask_add", "add", scores, z.dt),
-        r.memory("mask_clamp", "masked_fill", scores, z.dt, bw_op="masked_fill"),
+        r.maximum("mask_clamp", scores, z.dt),
         r.softmax("softmax", *scores, z.dt),
         r.bmm("av", (z.B * z.nh, z.S, z.S, z.d), z.dt),
         r.memory("merge_heads", "copy", (z.T, z.H), z.dt),

@@ -91,18 +91,27 @@ def _scalars_only(shapes_text: str) -> bool:
     return all(len(s) <= 1 and all(d <= 1 for d in s) for s in shapes)
 
 
-def row_family(row: Mapping[str, str]) -> str:
-    """The op family of one trace row, or ``HOST`` for a row that launches no kernel."""
+def row_call(row: Mapping[str, str]) -> str:
+    """What a trace row calls: a module's class (``Dropout``), a function or method name
+    (``dropout``, ``where``), or ``""`` for a row that calls nothing (placeholder, output)."""
     kind = row["op"]
     if kind == "call_module":
         classes = _CLASS.findall(row["meta"])
-        name = classes[-1].rsplit(".", 1)[-1] if classes else ""
-        return _MODULES.get(name, OpFamily.ELEMENTWISE).value
+        return classes[-1].rsplit(".", 1)[-1] if classes else ""
     if kind not in ("call_function", "call_method"):
+        return ""
+    called = _CALLED.search(row["target"])
+    return called.group(1) if called else row["target"]
+
+
+def row_family(row: Mapping[str, str]) -> str:
+    """The op family of one trace row, or ``HOST`` for a row that launches no kernel."""
+    name = row_call(row)
+    if row["op"] == "call_module":
+        return _MODULES.get(name, OpFamily.ELEMENTWISE).value
+    if not name:
         return HOST  # placeholder, get_attr, output
     target = row["target"]
-    called = _CALLED.search(target)
-    name = called.group(1) if called else target
     if name in _VIEWS or "torch.finfo" in target or _scalars_only(row.get("input_shapes", "")):
         return HOST
     if name == "matmul":
@@ -145,6 +154,19 @@ def trace_kernels(path: Path) -> list[tuple[str, tuple[int, ...], float]]:
                 x = json.loads(row["input_shapes"])[0]
                 dims = (math.prod(x[:-1]), x[-1])
             out.append((fam, dims, ms))
+    return out
+
+
+def trace_backward_ms(path: Path, calls: frozenset[str]) -> list[tuple[tuple[int, int], float]]:
+    """Rows of a trace that call one of ``calls`` (`row_call`) and have a backward time: the
+    first input as ``(rows, width)`` and the backward ms."""
+    out = []
+    with gzip.open(path, "rt", newline="") as f:
+        for row in csv.DictReader(f):
+            ms = float(row["bw_latency"] or 0.0)
+            if ms > 0 and row_call(row) in calls:
+                x = json.loads(row["input_shapes"])[0]
+                out.append(((math.prod(x[:-1]), x[-1]), ms))
     return out
 
 

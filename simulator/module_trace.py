@@ -12,9 +12,10 @@ analytic inventories (`opgraph.ops_from_blocks` expands them). The mapping, stat
   routed to ``native_dropout``, the kernel CUDA runs);
 * element-wise ops -> `ELEMENTWISE` (NeuSight names); a Python-scalar operand, or a
   broadcast operand at most a quarter of the output, selects the ``u`` form (``addu``);
-* ``where``/``masked_fill`` -> masked_fill; copies (clone, _to_copy, copy_, cat) -> copy;
-  fills (ones, zeros, full, arange, ...) -> fill; view-like ops and allocations launch no
-  kernel and count as host ops;
+* ``where``/``masked_fill`` -> masked_fill; ``maximum``/``minimum`` against a one-element
+  tensor (a clamp, as OPT's ``torch.max(scores, finfo.min)``) -> maximum; copies (clone,
+  _to_copy, copy_, cat) -> copy; fills (ones, zeros, full, arange, ...) -> fill; view-like
+  ops and allocations launch no kernel and count as host ops;
 * any other op with a tensor output -> a ``copy`` of its output, named in ``unmapped``.
 
 A parameter's gradient and optimizer state are charged once, to the first op that reads it
@@ -186,7 +187,20 @@ def _memory_op(name: str, call: Call, dt: Dtype) -> FrameworkOp:
     return r.memory(name, "fill" if call.op in FILL_OPS else "copy", shape, dt)
 
 
-RULES: dict[str, Callable[[str, Call, Dtype, bool], FrameworkOp]] = {
+CLAMP_OPS = frozenset({"maximum", "minimum"})
+
+
+def _clamp(name: str, call: Call, dt: Dtype) -> FrameworkOp | None:
+    """``maximum(x, c)`` with ``c`` one element: `oprules.maximum` (``minimum``'s backward is
+    the same five kernels); None (unmapped) for two full-size operands."""
+    tensors = _tensors(call)
+    if len(tensors) != 2 or min(t.numel() for t in tensors) > 1:
+        return None
+    return r.maximum(name, _rows(call.outs[0]), dt)
+
+
+RULES: dict[str, Callable[[str, Call, Dtype, bool], FrameworkOp | None]] = {
+    **{op: lambda n, c, d, p: _clamp(n, c, d) for op in CLAMP_OPS},
     **dict.fromkeys(("addmm", "mm", "bmm", "baddbmm"), _gemm),
     **{op: lambda n, c, d, p: _row_op(n, c, d) for op in ("_softmax", "_log_softmax")},
     "native_layer_norm": lambda n, c, d, p: _row_op(n, c, d),
@@ -225,16 +239,17 @@ def _blocks(rec: _Recorder, default: Dtype) -> tuple[tuple[Block, ...], Counter[
         if call.op in VIEW_OPS or not call.outs:
             host += 1
             continue
-        rule = _lookup(call.op)
-        if rule is None:
-            unmapped[call.op] += 1
-            rule = "clone"
         out = call.outs[0]
         dt = DTYPES.get(out.dtype, default)
         roots = [rec.root[id(t)] for t in _tensors(call) if id(t) in rec.root]
         new = [rec.params[p] for p in dict.fromkeys(roots) if p not in claimed]
         claimed.update(roots)
-        fop = RULES[rule](f"{call.op}_{i}", call, dt, bool(roots))
+        rule = _lookup(call.op)
+        fop = None if rule is None else RULES[rule](f"{call.op}_{i}", call, dt, bool(roots))
+        if fop is None:
+            unmapped[call.op] += 1
+            fop = RULES["clone"](f"{call.op}_{i}", call, dt, bool(roots))
+        assert fop is not None
         fops.append(_charge_params(fop, new))
         out_bytes.append(sum(t.numel() * t.element_size() for t in call.outs))
     return (Block("module", tuple(fops), 1, host_ops=host),), unmapped, out_bytes

@@ -12,9 +12,14 @@ tensors it owns (for gradient accumulation and the optimizer). Backward rules:
   reduction (a ``copy`` of ``(T, H)`` read once).
 * softmax: one softmax-family kernel (``y``, ``dy`` -> ``dx``) plus an element-wise ``mul``
   (the ``y * dy`` product the eager kernel materialises); the traces show ~2.5x the forward.
-* dropout: an element-wise ``mul`` by the saved mask; ``masked_fill``/``where``: a
-  ``masked_fill`` of the gradient; unary element-wise ops: one element-wise kernel each
-  (``tanh`` and ``gelu`` read input and gradient: ``mul``-shaped); ``pow``: three kernels.
+* dropout: forward writes the output and a bool mask; backward is one masked scale of the
+  gradient by the saved mask (``dropout_backward``, a slow kernel: `forecast.bandwidth`);
+  ``masked_fill``/``where`` with a broadcast mask: a ``masked_fill`` of the gradient;
+  ``torch.max(x, c)`` with a constant tensor ``c`` (OPT's clamp of the scores): autograd's
+  five kernels ``g / 2``, ``x == c``, ``where``, ``x < c``, ``masked_fill_`` (derivatives.yaml's
+  ``maximum`` rule, checked with a dispatch trace); unary element-wise ops: one element-wise
+  kernel each (``tanh`` and ``gelu`` read input and gradient: ``mul``-shaped); ``pow``: three
+  kernels.
 * embedding: zero-fill of the ``(V, H)`` gradient plus an ``embedding`` scatter of ``(T, H)``.
 * additions: no backward kernel (the gradient passes through).
 """
@@ -79,8 +84,20 @@ def softmax(name: str, rows: int, h: int, dtype: Dtype) -> FrameworkOp:
 def dropout(name: str, rows: int, h: int, dtype: Dtype) -> FrameworkOp:
     """Training-mode dropout (eval mode launches nothing)."""
     fw = (_k(OpFamily.MEMORY, (rows, h), dtype, "dropout"),)
-    bw = (_k(OpFamily.ELEMENTWISE, (rows, h), dtype, "mul"),)
+    bw = (_k(OpFamily.MEMORY, (rows, h), dtype, "dropout_backward"),)
     return FrameworkOp(name, fw, bw, train_only=True)
+
+
+def maximum(name: str, shape: Shape, dtype: Dtype) -> FrameworkOp:
+    """``torch.max(x, c)``, ``c`` a constant 0-d tensor (no gradient of its own)."""
+    mem = [_k(OpFamily.MEMORY, shape, dtype, op) for op in ("compare", "where")]
+    bw = (
+        _k(OpFamily.ELEMENTWISE, shape, dtype, "divu"),
+        *mem,
+        mem[0],
+        _k(OpFamily.MEMORY, shape, dtype, "masked_fill_full"),
+    )
+    return FrameworkOp(name, (_k(OpFamily.MEMORY, shape, dtype, "copy"),), bw)
 
 
 def memory(name: str, op: str, shape: Shape, dtype: Dtype, *, bw_op: str = "") -> FrameworkOp:

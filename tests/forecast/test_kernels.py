@@ -57,3 +57,27 @@ def test_kernelspec_is_a_hashable_memo_key() -> None:
     b = KernelSpec(OpFamily.BMM, (1, 2, 3, 4), op="bmm")
     assert a == b
     assert len({a, b}) == 1
+
+
+def test_bool_masks_are_one_byte_whatever_the_dtype() -> None:
+    n = 1000 * 64
+    drop32 = KernelSpec(OpFamily.MEMORY, (1000, 64), Dtype.FP32, "dropout")
+    drop16 = KernelSpec(OpFamily.MEMORY, (1000, 64), Dtype.BF16, "dropout")
+    assert drop32.bytes() == 9 * n  # read x, write y (4 B each) and the mask (1 B)
+    assert drop16.bytes() == 5 * n
+    assert KernelSpec(OpFamily.MEMORY, (1000, 64), Dtype.FP32, "where").bytes() == 13 * n
+    assert KernelSpec(OpFamily.MEMORY, (1000, 64), Dtype.FP32, "compare").bytes() == 5 * n
+    # a broadcast mask is not counted
+    assert KernelSpec(OpFamily.MEMORY, (1000, 64), Dtype.FP32, "masked_fill").bytes() == 8 * n
+
+
+def test_slow_memory_ops_stream_slower_by_their_factor() -> None:
+    from forecast.bandwidth import SLOW_MEMORY_OPS, BandwidthModel
+    from forecast.gpus import load_gpu
+
+    mem, gpu = BandwidthModel(efficiency=0.75, launch_s=10e-6), load_gpu("v100-pcie-32gb")
+    fast = KernelSpec(OpFamily.MEMORY, (4096, 4096), Dtype.FP32, "masked_fill_full")
+    slow = KernelSpec(OpFamily.MEMORY, (4096, 4096), Dtype.FP32, "dropout_backward")
+    assert fast.bytes() == slow.bytes()
+    t_fast, t_slow = mem.predict_s([fast, slow], gpu) - mem.launch_s
+    assert t_slow / t_fast == pytest.approx(SLOW_MEMORY_OPS["dropout_backward"])

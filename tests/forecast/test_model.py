@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 import torch
 
+from forecast.bandwidth import BandwidthModel
 from forecast.features import gpu_features
 from forecast.gpus import GPUSpec, load_gpu
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from forecast.predict import ModelError, forecast_table, load_latency_model
 from forecast.roofline import RooflineModel
-from forecast.tile_mlp import MemoryModel, TileMLPModel
+from forecast.tile_mlp import TileMLPModel
 from forecast.tilepick import TilePicker, TileTable
 from forecast.train import fit_mlp
 
@@ -54,7 +55,7 @@ def _toy_model() -> TileMLPModel:
     table = TileTable("tiny", 8.0, 10, np.zeros((1, 4), np.float32), np.array([[128, 64, 1]]))
     picker = TilePicker({"bmm": [table], "linear": [table]})
     return TileMLPModel(
-        mlps=mlps, picker=picker, memory=MemoryModel(0.5, 1e-6), meta={"members": 2}
+        mlps=mlps, picker=picker, memory=BandwidthModel(0.5, 1e-6), meta={"members": 2}
     )
 
 

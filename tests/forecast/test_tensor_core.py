@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from forecast.dtype_router import BandwidthModel, DtypeRouter
+from forecast.bandwidth import BandwidthModel
+from forecast.dtype_router import DtypeRouter
 from forecast.gpus import GPUError, GPUSpec, load_gpu
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from forecast.predict import load_latency_model

@@ -123,6 +123,20 @@ def test_unmapped_op_is_reported_and_priced_as_copy() -> None:
     assert sum(r * c for fop in ops for r, c in fop.params) == 80
 
 
+def test_clamp_by_a_constant_gets_autograds_backward_two_tensors_stay_unmapped() -> None:
+    class Clamp(torch.nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            low = torch.tensor(torch.finfo(x.dtype).min, device=x.device)
+            return torch.max(torch.max(x, low), y)  # OPT's clamp, then a two-tensor maximum
+
+    with torch.device("meta"):
+        x, y = torch.zeros(4, 8), torch.zeros(4, 8)
+        trace = trace_module(Clamp(), (x, y), train=True)
+    assert trace.unmapped == {"maximum": 1}
+    clamp = trace.blocks[0].ops[0]
+    assert [k.op for k in clamp.bw] == ["divu", "compare", "where", "compare", "masked_fill_full"]
+
+
 def _predict(extra: list[str]) -> list[str]:
     base = ["predict", "--gpu", "v100-pcie-32gb", "--batch", "2", "--seq", "16"]
     return [*base, "--mode", "train", "--latency-model", "roofline", "--json", *extra]
