@@ -26,6 +26,7 @@ ROW_DIMS = ("B", "H")
 LAUNCH = ("Grid x", "Grid y", "Grid z", "Block x", "Block y", "Block z")
 
 _TILE_RE = re.compile(r"(\d+)x(\d+)")
+MAX_DIM = 2**31  # a shape column above this is a typo, and would overflow int64 products
 
 
 class DataError(ValueError):
@@ -101,6 +102,7 @@ def _resolve(df: pd.DataFrame, offset: int) -> tuple[pd.DataFrame, list[Skipped]
     out["op"] = [o for _, o in fam_op]
     if "dtype" not in out.columns:
         out["dtype"] = Dtype.FP32.value
+    dtypes = {d.value for d in Dtype}
     is_gemm = out["family"].isin([f.value for f in GEMM_FAMILIES])
     needed = {True: GEMM_DIMS, False: ROW_DIMS}
     bad = np.zeros(len(out), dtype=bool)
@@ -112,10 +114,20 @@ def _resolve(df: pd.DataFrame, offset: int) -> tuple[pd.DataFrame, list[Skipped]
                 vals = np.full(len(out), np.nan)
             else:
                 vals = pd.to_numeric(out[c], errors="coerce").to_numpy(dtype=float)
-            broken = sel & ~(np.isfinite(vals) & (vals > 0))
+            ok = np.isfinite(vals) & (vals > 0) & (vals <= MAX_DIM)
+            broken = sel & ~(ok & (np.floor(vals, where=ok, out=np.zeros_like(vals)) == vals))
             for i in np.flatnonzero(broken & ~bad):
-                reasons[i] = f"column {c} must be a positive number"
+                reasons[i] = f"column {c} must be a positive whole number up to 2^31"
             bad |= broken
+    device = out["Device"].astype("string").str.strip().fillna("")
+    broken = (device == "").to_numpy()
+    for i in np.flatnonzero(broken & ~bad):
+        reasons[i] = "column Device is empty; give the GPU's device name or catalog id"
+    bad |= broken
+    broken = ~out["dtype"].astype("string").isin(dtypes).fillna(False).to_numpy(dtype=bool)
+    for i in np.flatnonzero(broken & ~bad):
+        reasons[i] = f"column dtype must be one of {', '.join(d.value for d in Dtype)}"
+    bad |= broken
     lat = pd.to_numeric(out["Latency"], errors="coerce").to_numpy(dtype=float)
     broken = ~(np.isfinite(lat) & (lat > 0))
     for i in np.flatnonzero(broken & ~bad):

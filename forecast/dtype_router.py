@@ -1,9 +1,10 @@
 """DtypeRouter: one `LatencyModel` that sends each kernel to the model that knows its dtype.
 
 * fp32 kernels (CUDA cores; every NeuSight measurement) -> the given fp32 model
-  (tile-mlp or roofline), unchanged;
+  (tile-mlp or roofline), unchanged; so are tf32's element-wise, softmax, layer-norm and
+  memory kernels (TF32 is a matmul mode: those stay fp32 kernels);
 * bmm/linear/attention in tf32, fp16, bf16, fp8 -> `TensorCoreModel`;
-* element-wise, softmax, layer norm and memory kernels in the other dtypes -> a bandwidth
+* element-wise, softmax, layer norm and memory kernels in fp16, bf16, fp8 -> a bandwidth
   model: launch time plus ``KernelSpec.bytes()`` (which scales with the dtype's itemsize)
   over the achieved fraction of HBM bandwidth (the calibrated STREAM fraction).
 
@@ -13,6 +14,7 @@ Registered in `forecast.predict.LATENCY_MODELS` as ``auto`` (fp32 via tile-mlp).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
@@ -44,10 +46,12 @@ class DtypeRouter:
         self.bandwidth = bandwidth or BandwidthModel(load_params().hbm_efficiency, launch_s=3e-6)
 
     def route(self, kernel: KernelSpec) -> str:
-        """Which model serves a kernel: ``fp32``, ``tensor-core`` or ``bandwidth``."""
-        if kernel.dtype is Dtype.FP32 and kernel.family is not OpFamily.ATTENTION:
-            return "fp32"
-        return "tensor-core" if kernel.family in TENSOR_FAMILIES else "bandwidth"
+        """Which model serves a kernel: ``fp32``, ``tensor-core`` or ``bandwidth``. TF32 is
+        a matmul mode: its other kernels are fp32 kernels."""
+        if kernel.family in TENSOR_FAMILIES:
+            fp32 = kernel.dtype is Dtype.FP32 and kernel.family is not OpFamily.ATTENTION
+            return "fp32" if fp32 else "tensor-core"
+        return "fp32" if kernel.dtype in (Dtype.FP32, Dtype.TF32) else "bandwidth"
 
     def model_for(self, route: str) -> LatencyModel:
         """The model of a route; the fp32 model is loaded on first use."""
@@ -66,5 +70,8 @@ class DtypeRouter:
         for route in ("fp32", "tensor-core", "bandwidth"):
             idx = [i for i, r in enumerate(routes) if r == route]
             if idx:
-                out[idx] = self.model_for(route).predict_s([kernels[i] for i in idx], gpu)
+                batch = [kernels[i] for i in idx]
+                if route == "fp32":
+                    batch = [replace(k, dtype=Dtype.FP32) for k in batch]
+                out[idx] = self.model_for(route).predict_s(batch, gpu)
         return out

@@ -60,10 +60,14 @@ def predict_rows(model: LatencyModel, meas: Measurements) -> tuple[pd.DataFrame,
     gpus, skipped = _gpus(frame)
     frame = frame[frame["Device"].isin(list(gpus))].copy()
     frame["pred_s"] = np.nan
-    for (device, _family), rows in frame.groupby(["Device", "family"], sort=True):
-        pred = model.predict_s(meas.kernels(rows), gpus[str(device)])
+    for (device, _family, _dtype), rows in frame.groupby(["Device", "family", "dtype"]):
+        try:
+            pred = model.predict_s(meas.kernels(rows), gpus[str(device)])
+        except ValueError as e:  # a dtype this model or GPU does not run (bf16 on a P4)
+            skipped += [Skipped(int(r), str(e).splitlines()[0]) for r in rows["row"]]
+            continue
         frame.loc[rows.index, "pred_s"] = pred
-    return frame, skipped
+    return frame[frame["pred_s"].notna()].copy(), skipped
 
 
 def score(model: LatencyModel, meas: Measurements) -> dict[str, Any]:

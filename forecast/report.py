@@ -40,10 +40,12 @@ def update_readme(
 ) -> None:
     """Replace the block between two marker lines of ``path`` by ``table``."""
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise ReportError(f"cannot read {path}: {e}") from e
-    if begin not in text or end not in text:
-        raise ReportError(f"{path}: markers {begin!r} and {end!r} not found")
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ReportError(f"cannot read {path} as UTF-8 text: {e}") from e
+    if text.count(begin) != 1 or text.count(end) != 1:
+        raise ReportError(f"{path}: needs the markers {begin!r} and {end!r} once each")
     start, stop = text.index(begin) + len(begin), text.index(end)
-    path.write_text(text[:start] + "\n" + table + "\n" + text[stop:])
+    if stop < start:
+        raise ReportError(f"{path}: marker {end!r} comes before {begin!r}; put it after")
+    path.write_text(text[:start] + "\n" + table + "\n" + text[stop:], encoding="utf-8")

@@ -76,15 +76,15 @@ def _parse_dims(text: str) -> tuple[int, ...]:
 
 
 def _kernel(args: argparse.Namespace) -> KernelSpec:
+    if args.dtype not in {d.value for d in Dtype}:
+        accepted = ", ".join(d.value for d in Dtype)
+        raise ConfigError(f"--dtype {args.dtype!r}: use one of {accepted}")
     if args.op == "gemm":  # M,N,K with K the reduction -> bmm (1, M, K, N)
         return gemm_kernel(args.dims, args.dtype)
     try:
         family, op = resolve_op(args.op)
     except ValueError as e:
         raise ConfigError(f"--op: {e}") from e
-    if args.dtype not in {d.value for d in Dtype}:
-        accepted = ", ".join(d.value for d in Dtype)
-        raise ConfigError(f"--dtype {args.dtype!r}: use one of {accepted}")
     dtype = Dtype(args.dtype)
     dims = _parse_dims(args.dims)
     if family in GEMM_FAMILIES and len(dims) == 3:
@@ -143,8 +143,10 @@ def _train(args: argparse.Namespace) -> int:
 
 def _plot(args: argparse.Namespace) -> int:
     from forecast.dataset import TRAIN_DEVICES
+    from simulator.figures import figure_path
     from simulator.kernel_plots import plot_predicted_vs_measured
 
+    figure_path(args.out, "--out")
     meas = neusight_test_rows(args.data or default_data_dir())
     meas.frame = meas.frame[~meas.frame["Device"].isin(TRAIN_DEVICES)]
     models = {k: _model(k) for k in ("tile-mlp", "roofline")}

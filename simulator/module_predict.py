@@ -56,7 +56,7 @@ def load_builder(spec: str) -> Callable[..., Any]:
     sys.modules[mod_name] = mod  # dataclasses in the file look their module up here
     try:
         loader_spec.loader.exec_module(mod)
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         raise ConfigError(f"cannot import {path}: {_first_line(e)}") from e
     fn = getattr(mod, name, None)
     if not callable(fn):
@@ -68,22 +68,31 @@ def trace_builder(spec: str, run: Workload) -> ModuleTrace:
     """Call ``FUNC(batch, seq)`` on the meta device and trace the module's forward."""
     import torch
 
-    from simulator.module_trace import trace_module
+    from simulator.module_trace import DTYPES, trace_module
 
     fn = load_builder(spec)
     call = f"{spec.rpartition(':')[2]}({run.batch}, {run.seq})"
     try:
         with torch.device("meta"):
             built = fn(run.batch, run.seq)
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         raise ConfigError(f"{call} raised {_first_line(e)}") from e
     ok = isinstance(built, tuple) and len(built) == 2
     if not ok or not isinstance(built[0], torch.nn.Module) or not isinstance(built[1], tuple):
         raise ConfigError(f"{call} must return (nn.Module, tuple of inputs), got {type(built)}")
+    odd = sorted(
+        {str(p.dtype) for p in built[0].parameters() if p.is_floating_point()}
+        - {str(d) for d in DTYPES}
+    )
+    if odd:
+        raise ConfigError(
+            f"{call}: parameters in {', '.join(odd)}; tilesim prices float32, bfloat16 and "
+            "float16 modules: cast it in the builder (module.float() or .to(torch.bfloat16))"
+        )
     try:
         with torch.device("meta"):
             return trace_module(built[0], built[1], train=run.mode == "train")
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         raise ConfigError(f"forward of {call} raised {_first_line(e)}") from e
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from simulator.errors import ConfigError
@@ -39,19 +39,32 @@ class Phase(StrEnum):
 Framework = Literal["hf-eager", "megatron"]
 
 
+MAX_TOKENS = 2**40  # tokens per pass: keeps every tensor's element count inside int64
+
+
 class Workload(BaseModel):
     """How one model is run on one GPU: batch, sequence, mode, implementation, dtype."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    batch: int = Field(gt=0)
-    seq: int = Field(gt=0)
+    # strict: a JSON ``true`` or ``"8"`` is not a batch size
+    batch: int = Field(gt=0, strict=True)
+    seq: int = Field(gt=0, strict=True)
     mode: Literal["inf", "train"] = "train"
     framework: Framework = "hf-eager"
     dtype: Dtype = Dtype.FP32
     # ``megatron`` only (HF eager is always unfused): FlashAttention, or Megatron's
     # ``CoreAttention`` before it (`inventory_megatron.unfused_attention`).
     attention: Literal["flash", "unfused"] = "flash"
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Workload:
+        if self.batch * self.seq > MAX_TOKENS:
+            raise ValueError(
+                f"batch x seq = {self.batch * self.seq:.3g} tokens per pass; at most "
+                f"{MAX_TOKENS:.3g} (2^40) are modelled"
+            )
+        return self
 
     @property
     def tokens(self) -> int:

@@ -31,8 +31,10 @@ def add_predict_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("--batch", type=int, help="sequences per pass")
     p.add_argument("--seq", type=int, help="tokens per sequence")
     p.add_argument("--mode", choices=["inf", "train"], help="inference pass or training step")
-    p.add_argument("--framework", default="hf-eager", help="hf-eager | megatron")
-    p.add_argument("--dtype", default="fp32", help="fp32, tf32, bf16, fp16, fp8")
+    p.add_argument("--framework", help="hf-eager (default) | megatron; not with --module")
+    p.add_argument(
+        "--dtype", help="fp32 (default), tf32, bf16, fp16, fp8; not with --module (its parameters')"
+    )
     p.add_argument("--runs", type=Path, help="JSONL, one run per line with the flags' keys")
     p.add_argument("--module", help="FILE.py:FUNC, FUNC(batch, seq) -> (nn.Module, inputs): traced")
     p.add_argument(
@@ -68,7 +70,8 @@ def _workload(fields: dict[str, Any]) -> Workload:
         return Workload.model_validate(fields)
     except ValidationError as e:
         first = e.errors()[0]
-        raise ConfigError(f"field {first['loc'][0]!r}: {first['msg']}") from e
+        msg = first["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"field {first['loc'][0]!r}: {msg}" if first["loc"] else msg) from e
 
 
 def _latency_model(kind: str) -> LatencyModel:
@@ -84,6 +87,11 @@ def _predict_module(args: argparse.Namespace) -> int:
 
     if args.model is not None or args.runs is not None:
         raise ConfigError("--module and --model/--runs are mutually exclusive")
+    if args.dtype is not None or args.framework is not None:
+        raise ConfigError(
+            "--module takes its dtype from the module's parameters (cast them in FUNC) and "
+            "prices the ops it traces as they are: leave out --dtype and --framework"
+        )
     missing = [f"--{k}" for k in ("gpu", "batch", "seq", "mode") if getattr(args, k) is None]
     if missing:
         raise ConfigError(f"--module needs {', '.join(missing)}")
@@ -128,7 +136,10 @@ def _predict(args: argparse.Namespace) -> int:
         spec = {k: getattr(args, k) for k in RUN_KEYS}
         _print_result(_run_one(spec, args), as_json=args.json)
         return 0
-    lines = args.runs.read_text().splitlines()
+    try:
+        lines = args.runs.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--runs {args.runs}: cannot read it as UTF-8 JSONL ({e})") from None
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -139,12 +150,18 @@ def _predict(args: argparse.Namespace) -> int:
             _print_result(_run_one(spec, args), as_json=True)
         except (json.JSONDecodeError, ConfigError, GPUError, ValueError) as e:
             print(json.dumps({"line": i, "error": str(e).splitlines()[0]}))
+        except Exception as e:  # a bad line never stops the others; name what broke
+            print(json.dumps({"line": i, "error": f"{type(e).__name__}: {e}".splitlines()[0]}))
     return 0
 
 
 def _validate_e2e(args: argparse.Namespace) -> int:
     if not (args.data / "labels").is_dir():
         raise ConfigError(f"--data {args.data}: no labels folder; give the NeuSight data folder")
+    if args.plot is not None:
+        from simulator.figures import figure_path
+
+        figure_path(args.plot, "--plot")
     runs, skipped = e2e_runs(args.data)
     for t in e2e_tables(args.data, runs):
         if args.readme is not None:

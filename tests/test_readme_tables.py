@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from forecast.report import TABLE_BEGIN, TABLE_END, validation_markdown
+from forecast.report import TABLE_BEGIN, TABLE_END, ReportError, update_readme, validation_markdown
 from simulator.kernel_commands import VALIDATION_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,3 +34,28 @@ def test_e2e_tables_are_what_validate_e2e_prints() -> None:
     assert len(tables) == 3
     for t in tables:
         assert _between(t.begin, t.end) == t.markdown
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ("a\nEND\nb\nBEGIN\nc\n", "comes before"),
+        ("a\nBEGIN\nb\nEND\nBEGIN\nEND\n", "once each"),
+        ("a\nb\n", "once each"),
+    ],
+)
+def test_update_readme_refuses_markers_it_would_garble(
+    tmp_path: Path, body: str, needle: str
+) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(body)
+    with pytest.raises(ReportError, match=needle):
+        update_readme(readme, "TABLE", begin="BEGIN", end="END")
+    assert readme.read_text() == body  # untouched
+
+
+def test_update_readme_replaces_only_between_the_markers(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("a\nBEGIN\nold\nEND\nb\n")
+    update_readme(readme, "TABLE", begin="BEGIN", end="END")
+    assert readme.read_text() == "a\nBEGIN\nTABLE\nEND\nb\n"

@@ -88,6 +88,22 @@ def test_eval_scores_and_lists_skipped_rows(
     assert {"n", "mape_pct", "median_ape_pct", "p90_ape_pct"} <= set(result["bmm"])
 
 
+def test_eval_skips_a_dtype_the_model_does_not_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    csv = tmp_path / "m.csv"
+    csv.write_text(
+        "OPName,Latency,Device,B,M,N,K,H,dtype\n"
+        "bmm,0.05,NVIDIA L4,8,256,64,256,,fp32\n"
+        "bmm,0.05,Tesla P4,8,256,64,256,,bf16\n"  # tile-mlp is fp32 only
+    )
+    code, out, _ = _run(capsys, "kernels", "eval", "--csv", str(csv), "--json")
+    result = json.loads(out)
+    assert code == 0 and result["bmm"]["n"] == 1
+    assert [s["row"] for s in result["skipped"]] == [1]
+    assert "bf16" in result["skipped"][0]["reason"]
+
+
 @pytest.mark.parametrize(
     ("content", "needle"),
     [("OPName,Device\nbmm,x\n", "Latency"), (None, "no such file")],
@@ -109,3 +125,13 @@ def test_plot_writes_a_png(
     code, _, _ = _run(capsys, "kernels", "plot", "--data", str(neusight_dir), "--out", str(out))
     assert code == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("name", ["", "noext", "k.xyz"])
+def test_plot_refuses_a_path_it_cannot_write_a_figure_to(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str
+) -> None:
+    out = tmp_path / name if name else tmp_path  # "" = an existing folder
+    code, _, err = _run(capsys, "kernels", "plot", "--out", str(out))
+    assert code == 2 and "--out" in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -43,6 +43,23 @@ def test_unscorable_rows_are_listed_with_a_reason(tmp_path: Path) -> None:
     assert "Latency" in reasons[2]
 
 
+def test_rows_with_odd_shapes_devices_or_dtypes_are_skipped_not_fatal(tmp_path: Path) -> None:
+    p = tmp_path / "m.csv"
+    p.write_text(
+        "OPName,Latency,Device,B,M,N,K,H,dtype\n"
+        "bmm,0.5,Tesla T4,1.5,8,8,8,,fp32\n"  # a fraction of a batch
+        "bmm,0.5,Tesla T4,1e30,8,8,8,,fp32\n"  # past int64 products
+        "bmm,0.5,,2,8,8,8,,fp32\n"  # no device: pandas would drop it from a groupby
+        "bmm,0.5,Tesla T4,2,8,8,8,,fp64\n"
+        "bmm,0.5,Tesla T4,2,8,8,8,,fp32\n"
+    )
+    m = load_measurements([p])
+    assert list(m.frame["row"]) == [4]
+    reasons = {s.row: s.reason for s in m.skipped}
+    assert "column B" in reasons[0] and "column B" in reasons[1]
+    assert "Device" in reasons[2] and "dtype" in reasons[3]
+
+
 def test_missing_column_names_the_column(tmp_path: Path) -> None:
     p = tmp_path / "bad.csv"
     p.write_text("OPName,Device\nbmm,Tesla T4\n")

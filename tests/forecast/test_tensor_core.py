@@ -99,6 +99,17 @@ def test_router_sends_each_dtype_to_its_model(tiny_gpu: GPUSpec) -> None:
     assert [router.route(k) for k in (fp32, soft, gemm)] == ["fp32", "bandwidth", "tensor-core"]
 
 
+def test_tf32_is_a_matmul_mode_other_kernels_stay_fp32(tiny_gpu: GPUSpec) -> None:
+    router = DtypeRouter(RooflineModel, bandwidth=BandwidthModel(0.5, launch_s=1e-6))
+    norm32, norm_tf32 = (KernelSpec(OpFamily.LAYERNORM, (2048, 1280), d) for d in FP32_TF32)
+    assert router.route(norm_tf32) == "fp32"
+    assert router.predict_s([norm_tf32], tiny_gpu)[0] == router.predict_s([norm32], tiny_gpu)[0]
+    assert router.route(_gemm(2048, Dtype.TF32)) == "tensor-core"
+
+
+FP32_TF32 = (Dtype.FP32, Dtype.TF32)
+
+
 def test_auto_model_is_registered_and_fp32_unchanged() -> None:
     gpu, k = load_gpu(A100), _gemm(512, Dtype.FP32)
     try:

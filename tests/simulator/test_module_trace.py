@@ -159,12 +159,24 @@ def raises(batch, seq):
     raise RuntimeError("no model here\\nsecond line")
 def bad_forward(batch, seq):
     return torch.nn.Linear(2, 2), (torch.zeros(batch, 3),)
+def exits(batch, seq):
+    raise SystemExit(3)
+def double(batch, seq):
+    return torch.nn.Linear(2, 2).double(), (torch.zeros(batch, 2, dtype=torch.float64),)
 """
 
 
 @pytest.mark.parametrize(
     "spec",
-    ["missing.py:build", "{bad}:nope", "{bad}:raises", "{bad}:wrong_type", "{bad}:bad_forward"],
+    [
+        "missing.py:build",
+        "{bad}:nope",
+        "{bad}:raises",
+        "{bad}:wrong_type",
+        "{bad}:bad_forward",
+        "{bad}:exits",
+        "{bad}:double",
+    ],
 )
 def test_cli_bad_module_exits_2(
     spec: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -174,6 +186,14 @@ def test_cli_bad_module_exits_2(
     assert main(_predict(["--module", spec.format(bad=bad)])) == 2
     err = capsys.readouterr().err
     assert err.startswith("tilesim: error:") and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flag", [["--dtype", "fp99"], ["--framework", "megatron"]])
+def test_cli_module_refuses_dtype_and_framework(
+    flag: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(_predict(["--module", f"{EXAMPLE}:build_small", *flag])) == 2
+    assert "leave out --dtype and --framework" in capsys.readouterr().err
 
 
 def test_cli_module_and_model_are_exclusive(capsys: pytest.CaptureFixture[str]) -> None:

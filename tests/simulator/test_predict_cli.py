@@ -60,6 +60,34 @@ def test_runs_jsonl_with_one_bad_line(tmp_path: Path, capsys: pytest.CaptureFixt
     assert out[1]["line"] == 2 and "zzz" in out[1]["error"]
 
 
+def test_runs_jsonl_bad_values_are_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = {"model": "tiny-gpt", "gpu": "t4", "batch": 1, "seq": 32, "mode": "inf"}
+    bad = [{"batch": True}, {"batch": "2"}, {"batch": 10**20}, {"seq": 1.5}]
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text("\n".join(json.dumps({**good, **b}) for b in [*bad, {}]) + "\n")
+    assert main(["predict", "--runs", str(runs), "--latency-model", "roofline", "--json"]) == 0
+    out = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [o.get("line") for o in out] == [1, 2, 3, 4, None]
+    assert "batch" in out[0]["error"] and "2^40" in out[2]["error"]
+    assert set(out[4]) == KEYS
+
+
+@pytest.mark.parametrize("content", [None, b"\xff\xfe{", "dir"])
+def test_unreadable_runs_file_is_one_line_naming_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes | str | None
+) -> None:
+    runs = tmp_path / "runs.jsonl"
+    if content == "dir":
+        runs.mkdir()
+    elif isinstance(content, bytes):
+        runs.write_bytes(content)
+    assert main(["predict", "--runs", str(runs), "--json"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tilesim: error: --runs") and err.count("\n") == 1
+
+
 def _write_trace(path: Path, rows: list[dict[str, str]]) -> None:
     import csv
     import gzip
