@@ -9,9 +9,12 @@ id, a path to a catalog TOML, a path to a NeuSight device JSON, or a NeuSight de
 from __future__ import annotations
 
 import json
+import math
+import sys
 import tomllib
 from functools import cache
 from pathlib import Path
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -25,9 +28,12 @@ class GPUError(ValueError):
 
 
 class GPUSpec(BaseModel):
-    """One GPU model. Peak rates are dense (no sparsity), at the boost clock."""
+    """One GPU model. Peak rates are dense (no sparsity), at the boost clock.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    Every number is positive and finite; a dtype without a peak is left out, not set to 0.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     id: str
     name: str
@@ -52,7 +58,7 @@ class GPUSpec(BaseModel):
     l2_bytes: float = Field(gt=0)
     smem_bytes_per_sm: float | None = Field(default=None, gt=0)
     regs_bytes_per_sm: float | None = Field(default=None, gt=0)
-    peak_flops_per_s: dict[Dtype, float] = Field(
+    peak_flops_per_s: dict[Dtype, Annotated[float, Field(gt=0)]] = Field(
         description="dense peak per dtype: fp32 = CUDA-core/vector rate, others = tensor/matrix"
     )
     fp32_matrix_flops_per_s: float | None = Field(
@@ -69,52 +75,104 @@ class GPUSpec(BaseModel):
         return self.peak_flops_per_s[dtype]
 
 
+def _first_error(e: ValidationError) -> str:
+    """Pydantic's first complaint as ``field 'a.b': message`` (one line)."""
+    first = e.errors()[0]
+    loc = ".".join(str(x) for x in first["loc"])
+    if first["type"] in ("finite_number", "greater_than"):
+        return f"field {loc!r} must be a positive finite number, got {first['input']!r}"
+    return f"field {loc!r}: {first['msg']}"
+
+
 def _from_toml(path: Path) -> GPUSpec:
     try:
         with path.open("rb") as f:
             raw = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as e:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise GPUError(f"cannot read GPU file {path}: {e}") from e
     raw.setdefault("id", path.stem)
     try:
         return GPUSpec.model_validate(raw)
     except ValidationError as e:
-        first = e.errors()[0]
-        loc = ".".join(str(x) for x in first["loc"])
-        raise GPUError(f"{path}: field {loc!r}: {first['msg']}") from e
+        raise GPUError(f"{path}: {_first_error(e)}") from e
+
+
+# NeuSight sheet field -> (unit, factor to SI, whole number)
+_SHEET_FIELDS = {
+    "Num_Sm": ("SMs", 1.0, True),
+    "Core_Per_SM": ("lanes", 1.0, True),
+    "Freq": ("MHz", 1e6, False),
+    "Dev_Mem": ("GB", 1e9, False),
+    "Mem_Bw": ("GB/s", 1e9, False),
+    "L2Cache": ("MB", 1e6, False),
+    "SingleFLOPs": ("GFLOP/s", 1e9, False),
+    "SingleFLOPsVEC": ("GFLOP/s", 1e9, False),
+}
+
+
+def _sheet_si(raw: dict[str, Any], key: str, path: Path) -> float:
+    """One number of a device sheet in SI units, or a `GPUError` naming the field."""
+    unit, factor, whole = _SHEET_FIELDS[key]
+    value = raw.get(key)
+    si = math.nan
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        si = float(value) * factor if 0 < value < sys.float_info.max else math.nan
+    if not (math.isfinite(si) and (not whole or si % 1 == 0)):
+        got = json.dumps(value) if key in raw else "nothing"
+        kind = "a positive whole number" if whole else "a positive finite number"
+        raise GPUError(
+            f"NeuSight device file {path}: field {key!r} must be {kind} ({unit}), got {got}"
+        )
+    return si
 
 
 def _from_neusight_json(path: Path) -> GPUSpec:
     """Read a NeuSight device sheet (MHz, GB, GB/s, GFLOP/s, MB) into SI units."""
     try:
         raw = json.loads(path.read_text())
-        name = str(raw["Device"])
-        fp32 = float(raw.get("SingleFLOPs") or raw.get("SingleFLOPsVEC"))
-        # AMD sheets count SIMD units in Core_Per_SM (4): where it is off from the FP32 peak
-        # by more than 2x, the lanes follow from the peak instead.
-        lanes = int(raw["Core_Per_SM"])
-        implied = fp32 * 1e9 / (2 * int(raw["Num_Sm"]) * float(raw["Freq"]) * 1e6)
-        if not 0.5 < lanes / implied < 2.0:
-            lanes = round(implied)
+    except (OSError, ValueError) as e:  # ValueError: bad JSON or not UTF-8
+        raise GPUError(f"cannot read NeuSight device file {path}: {e}") from e
+    if not isinstance(raw, dict) or not isinstance(raw.get("Device"), str) or not raw["Device"]:
+        raise GPUError(
+            f"NeuSight device file {path}: field 'Device' must be the device name (a string)"
+        )
+    name = raw["Device"]
+    # AMD sheets give the vector rate only, as SingleFLOPsVEC
+    vec = "SingleFLOPs" not in raw and "SingleFLOPsVEC" in raw
+    fp32_key = "SingleFLOPsVEC" if vec else "SingleFLOPs"
+    fp32 = _sheet_si(raw, fp32_key, path)
+    sms, freq = int(_sheet_si(raw, "Num_Sm", path)), _sheet_si(raw, "Freq", path)
+    # AMD sheets count SIMD units in Core_Per_SM (4): where it is off from the FP32 peak
+    # by more than 2x, the lanes follow from the peak instead.
+    lanes = int(_sheet_si(raw, "Core_Per_SM", path))
+    implied = fp32 / (2 * sms * freq)
+    if not 0.5 * implied < lanes < 2.0 * implied:
+        lanes = round(implied) if 1 <= implied <= 1e6 else 0
+    if lanes < 1:
+        raise GPUError(
+            f"NeuSight device file {path}: field {fp32_key!r} implies {implied:.3g} FP32 lanes "
+            "per SM at Num_Sm and Freq; give the FP32 peak in GFLOP/s (1 to 1e6 lanes per SM)"
+        )
+    try:
         spec = GPUSpec(
             id=name.lower().replace(" ", "-"),
             name=name,
             vendor="AMD" if name.startswith("AMD") else "NVIDIA",
             architecture="unknown",
             compute_capability="unknown",
-            num_sms=int(raw["Num_Sm"]),
+            num_sms=sms,
             fp32_lanes_per_sm=lanes,
             fp32_dedicated_lanes_per_sm=lanes,
-            boost_clock_hz=float(raw["Freq"]) * 1e6,
-            hbm_bytes=float(raw["Dev_Mem"]) * 1e9,
-            hbm_bw_bytes_per_s=float(raw["Mem_Bw"]) * 1e9,
-            l2_bytes=float(raw["L2Cache"]) * 1e6,
-            peak_flops_per_s={Dtype.FP32: fp32 * 1e9},
+            boost_clock_hz=freq,
+            hbm_bytes=_sheet_si(raw, "Dev_Mem", path),
+            hbm_bw_bytes_per_s=_sheet_si(raw, "Mem_Bw", path),
+            l2_bytes=_sheet_si(raw, "L2Cache", path),
+            peak_flops_per_s={Dtype.FP32: fp32},
             neusight_names=(name,),
             sources=(f"NeuSight device sheet {path.name}",),
         )
-    except (OSError, ValueError, KeyError, TypeError, ValidationError) as e:
-        raise GPUError(f"cannot read NeuSight device file {path}: {e}") from e
+    except ValidationError as e:
+        raise GPUError(f"NeuSight device file {path}: {_first_error(e)}") from e
     return _with_catalog_facts(spec)
 
 

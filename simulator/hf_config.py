@@ -1,7 +1,13 @@
-"""Hugging Face ``config.json`` -> `ModelSpec`, one reader per ``model_type``."""
+"""Hugging Face ``config.json`` -> `ModelSpec`, one reader per ``model_type``.
+
+Sizes must be JSON integers and flags JSON booleans (``"1280"`` and ``"false"`` are refused,
+not coerced); `ModelSpec` then checks that the sizes fit together. Errors name the config's
+own key (``n_embd``), not the `ModelSpec` field.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -10,17 +16,50 @@ from simulator.models import ModelSpec, _validate
 
 Raw = dict[str, Any]
 
+_REQUIRED: Any = object()
+
+
+class _BadValueError(Exception):
+    """A key of the wrong JSON type; `from_hf_config` adds the file."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def _int(raw: Raw, key: str, default: Any = _REQUIRED, *, null_ok: bool = False) -> Any:
+    """``raw[key]``, a JSON integer (not a bool, float or string); ``default`` when absent, or
+    when ``null`` and ``null_ok`` (keys HF itself reads ``null`` as "the default" for)."""
+    if key not in raw or (null_ok and raw[key] is None):
+        if default is _REQUIRED:
+            raise KeyError(key)
+        return default
+    value = raw[key]
+    if type(value) is not int:
+        raise _BadValueError(key, f"must be a JSON integer, got {json.dumps(value)}")
+    return value
+
+
+def _flag(raw: Raw, key: str, default: bool) -> bool:
+    """``raw[key]``, a JSON boolean (``"false"`` is a string, not false)."""
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise _BadValueError(
+            key, f"must be true or false (a JSON boolean), got {json.dumps(value)}"
+        )
+    return value
+
 
 def _gpt2(raw: Raw) -> Raw:
-    h = raw["n_embd"]
+    h = _int(raw, "n_embd")
     return {
         "architecture": "gpt2",
-        "num_layers": raw["n_layer"],
+        "num_layers": _int(raw, "n_layer"),
         "hidden_size": h,
-        "ffn_hidden_size": raw.get("n_inner") or 4 * h,
-        "num_heads": raw["n_head"],
-        "vocab_size": raw["vocab_size"],
-        "max_positions": raw.get("n_positions", 1024),
+        "ffn_hidden_size": _int(raw, "n_inner", 4 * h, null_ok=True),
+        "num_heads": _int(raw, "n_head"),
+        "vocab_size": _int(raw, "vocab_size"),
+        "max_positions": _int(raw, "n_positions", 1024),
         "activation": "gelu_new" if raw.get("activation_function") == "gelu_new" else "gelu",
     }
 
@@ -28,12 +67,12 @@ def _gpt2(raw: Raw) -> Raw:
 def _opt(raw: Raw) -> Raw:
     return {
         "architecture": "opt",
-        "num_layers": raw["num_hidden_layers"],
-        "hidden_size": raw["hidden_size"],
-        "ffn_hidden_size": raw["ffn_dim"],
-        "num_heads": raw["num_attention_heads"],
-        "vocab_size": raw["vocab_size"],
-        "max_positions": raw.get("max_position_embeddings", 2048) + 2,
+        "num_layers": _int(raw, "num_hidden_layers"),
+        "hidden_size": _int(raw, "hidden_size"),
+        "ffn_hidden_size": _int(raw, "ffn_dim"),
+        "num_heads": _int(raw, "num_attention_heads"),
+        "vocab_size": _int(raw, "vocab_size"),
+        "max_positions": _int(raw, "max_position_embeddings", 2048) + 2,
         "activation": "relu" if raw.get("activation_function") == "relu" else "gelu",
     }
 
@@ -41,54 +80,55 @@ def _opt(raw: Raw) -> Raw:
 def _bert(raw: Raw) -> Raw:
     return {
         "architecture": "bert",
-        "num_layers": raw["num_hidden_layers"],
-        "hidden_size": raw["hidden_size"],
-        "ffn_hidden_size": raw["intermediate_size"],
-        "num_heads": raw["num_attention_heads"],
-        "vocab_size": raw["vocab_size"],
-        "max_positions": raw.get("max_position_embeddings", 512),
+        "num_layers": _int(raw, "num_hidden_layers"),
+        "hidden_size": _int(raw, "hidden_size"),
+        "ffn_hidden_size": _int(raw, "intermediate_size"),
+        "num_heads": _int(raw, "num_attention_heads"),
+        "vocab_size": _int(raw, "vocab_size"),
+        "max_positions": _int(raw, "max_position_embeddings", 512),
         "activation": "gelu",
     }
 
 
 def _switch(raw: Raw) -> Raw:
+    encoder_layers = _int(raw, "num_layers")
     return {
         "architecture": "switch",
-        "num_layers": raw.get("num_decoder_layers") or raw["num_layers"],
-        "num_encoder_layers": raw["num_layers"],
-        "hidden_size": raw["d_model"],
-        "ffn_hidden_size": raw["d_ff"],
-        "num_heads": raw["num_heads"],
-        "head_dim": raw["d_kv"],
-        "vocab_size": raw["vocab_size"],
+        "num_layers": _int(raw, "num_decoder_layers", None, null_ok=True) or encoder_layers,
+        "num_encoder_layers": encoder_layers,
+        "hidden_size": _int(raw, "d_model"),
+        "ffn_hidden_size": _int(raw, "d_ff"),
+        "num_heads": _int(raw, "num_heads"),
+        "head_dim": _int(raw, "d_kv"),
+        "vocab_size": _int(raw, "vocab_size"),
         "activation": "relu",
         "norm": "rmsnorm",
         "position": "relative",
         "bias": False,
-        "num_experts": raw["num_experts"],
-        "moe_every": raw.get("encoder_sparse_step", 2),
-        "expert_capacity": raw.get("expert_capacity", 0),
+        "num_experts": _int(raw, "num_experts"),
+        "moe_every": _int(raw, "encoder_sparse_step", 2),
+        "expert_capacity": _int(raw, "expert_capacity", 0),
     }
 
 
 def _llama(raw: Raw) -> Raw:
-    experts = raw.get("num_local_experts", 1)
+    experts = _int(raw, "num_local_experts", 1)
     return {
         "architecture": "mixtral" if experts > 1 else "llama",
-        "num_layers": raw["num_hidden_layers"],
-        "hidden_size": raw["hidden_size"],
-        "ffn_hidden_size": raw["intermediate_size"],
-        "num_heads": raw["num_attention_heads"],
-        "num_kv_heads": raw.get("num_key_value_heads", 0),
-        "vocab_size": raw["vocab_size"],
-        "max_positions": raw.get("max_position_embeddings", 4096),
+        "num_layers": _int(raw, "num_hidden_layers"),
+        "hidden_size": _int(raw, "hidden_size"),
+        "ffn_hidden_size": _int(raw, "intermediate_size"),
+        "num_heads": _int(raw, "num_attention_heads"),
+        "num_kv_heads": _int(raw, "num_key_value_heads", 0, null_ok=True),
+        "vocab_size": _int(raw, "vocab_size"),
+        "max_positions": _int(raw, "max_position_embeddings", 4096),
         "activation": "swiglu",
         "norm": "rmsnorm",
         "position": "rotary",
         "bias": False,
-        "tied_embeddings": bool(raw.get("tie_word_embeddings", False)),
+        "tied_embeddings": _flag(raw, "tie_word_embeddings", False),
         "num_experts": experts,
-        "experts_per_token": raw.get("num_experts_per_tok", 1),
+        "experts_per_token": _int(raw, "num_experts_per_tok", 1),
     }
 
 
@@ -99,6 +139,49 @@ READERS: dict[str, Callable[[Raw], Raw]] = {
     "switch_transformers": _switch,
     "llama": _llama,
     "mixtral": _llama,
+}
+
+_LLAMA_KEYS = {
+    "num_layers": "num_hidden_layers",
+    "ffn_hidden_size": "intermediate_size",
+    "num_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads",
+    "max_positions": "max_position_embeddings",
+    "tied_embeddings": "tie_word_embeddings",
+    "num_experts": "num_local_experts",
+    "experts_per_token": "num_experts_per_tok",
+}
+# model_type -> {ModelSpec field: config key} where the names differ, for error messages
+KEYS: dict[str, dict[str, str]] = {
+    "gpt2": {
+        "num_layers": "n_layer",
+        "hidden_size": "n_embd",
+        "ffn_hidden_size": "n_inner",
+        "num_heads": "n_head",
+        "max_positions": "n_positions",
+    },
+    "opt": {
+        "num_layers": "num_hidden_layers",
+        "ffn_hidden_size": "ffn_dim",
+        "num_heads": "num_attention_heads",
+        "max_positions": "max_position_embeddings",
+    },
+    "bert": {
+        "num_layers": "num_hidden_layers",
+        "ffn_hidden_size": "intermediate_size",
+        "num_heads": "num_attention_heads",
+        "max_positions": "max_position_embeddings",
+    },
+    "switch_transformers": {
+        "num_layers": "num_decoder_layers",
+        "num_encoder_layers": "num_layers",
+        "hidden_size": "d_model",
+        "ffn_hidden_size": "d_ff",
+        "head_dim": "d_kv",
+        "moe_every": "encoder_sparse_step",
+    },
+    "llama": _LLAMA_KEYS,
+    "mixtral": _LLAMA_KEYS,
 }
 
 
@@ -113,4 +196,6 @@ def from_hf_config(raw: Raw, model_id: str, source: str) -> ModelSpec:
         fields = READERS[kind](raw)
     except KeyError as e:
         raise ConfigError(f"{source}: {kind} config lacks key {e}") from e
-    return _validate({"id": model_id, **fields}, source)
+    except _BadValueError as e:
+        raise ConfigError(f"{source}: key {e.key!r} {e}") from e
+    return _validate({"id": model_id, **fields}, source, KEYS[kind])

@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from simulator.errors import ConfigError
 
@@ -23,10 +23,22 @@ Architecture = Literal["gpt2", "opt", "bert", "switch", "llama", "mixtral"]
 Activation = Literal["gelu", "gelu_new", "relu", "swiglu"]
 
 
-class ModelSpec(BaseModel):
-    """One transformer architecture; sizes in elements, counts in layers/heads."""
+class ShapeError(ValueError):
+    """Sizes that do not fit together; ``field`` is the one to change."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class ModelSpec(BaseModel):
+    """One transformer architecture; sizes in elements, counts in layers/heads.
+
+    Strict types (a size is an integer, not a string, float or bool; a flag is a bool), and
+    the sizes fit together: heads divide the width, kv heads divide the heads, top-k <= experts.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     id: str
     architecture: Architecture
@@ -50,6 +62,28 @@ class ModelSpec(BaseModel):
     expert_capacity: int = Field(
         default=0, ge=0, description="max tokens per expert and sequence; 0 = no cap"
     )
+
+    @model_validator(mode="after")
+    def _sizes_fit(self) -> ModelSpec:
+        h, heads, kv = self.hidden_size, self.num_heads, self.num_kv_heads
+        if not self.head_dim and h % heads:
+            raise ShapeError(
+                "num_heads",
+                f"{heads} heads do not divide the hidden size {h}; use a divisor of {h}",
+            )
+        if kv and heads % kv:
+            raise ShapeError(
+                "num_kv_heads",
+                f"{kv} key/value heads do not divide the {heads} attention heads; "
+                f"use a divisor of {heads}",
+            )
+        if self.experts_per_token > self.num_experts:
+            raise ShapeError(
+                "experts_per_token",
+                f"{self.experts_per_token} experts per token exceed the {self.num_experts} "
+                f"experts; use at most {self.num_experts}",
+            )
+        return self
 
     def expert_rows(self, tokens: int, sequences: int = 1) -> int:
         """Tokens one expert processes under balanced routing: ``tokens`` in ``sequences``
@@ -142,20 +176,29 @@ def list_models() -> list[str]:
     return sorted(p.stem for p in CATALOG_DIR.glob("*.toml"))
 
 
-def _validate(raw: dict[str, Any], source: str) -> ModelSpec:
+def _validate(raw: dict[str, Any], source: str, keys: dict[str, str] | None = None) -> ModelSpec:
+    """`ModelSpec` of ``raw`` or one `ConfigError` line naming the field to fix; ``keys`` maps
+    `ModelSpec` fields to the file's own key names (an HF config's ``n_embd``)."""
     try:
         return ModelSpec.model_validate(raw)
     except ValidationError as e:
         first = e.errors()[0]
-        loc = ".".join(str(x) for x in first["loc"])
-        raise ConfigError(f"{source}: field {loc!r}: {first['msg']}") from e
+        error = first.get("ctx", {}).get("error")
+        if isinstance(error, ShapeError):
+            field, msg = error.field, str(error)
+        else:
+            got = "" if first["type"] == "missing" else f", got {first['input']!r}"
+            field, msg = ".".join(str(x) for x in first["loc"]), first["msg"] + got
+        if keys is None:
+            raise ConfigError(f"{source}: field {field!r}: {msg}") from e
+        raise ConfigError(f"{source}: key {keys.get(field, field)!r}: {msg}") from e
 
 
 def _from_toml(path: Path) -> ModelSpec:
     try:
         with path.open("rb") as f:
             raw = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as e:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"cannot read model file {path}: {e}") from e
     raw.setdefault("id", path.stem)
     return _validate(raw, str(path))
@@ -187,7 +230,7 @@ def load_model(name_or_path: str | Path, *, data_dir: Path | None = None) -> Mod
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # ValueError: bad JSON or not UTF-8
         raise ConfigError(f"cannot read HF config {path}: {e}") from e
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: an HF config is a JSON object")

@@ -91,12 +91,14 @@ def load_cluster(
         gpus: GPUs wanted; at least 1.
         network: network id; defaults to the server's compute NICs.
         oversubscription: fat-tree leaf down:up bandwidth ratio (1 = non-blocking).
-        degradations: slower or missing links.
+        degradations: slower or missing links, each on a node and GPU of the cluster.
     """
     if gpus < 1:
         raise TopologyError(f"--gpus must be at least 1, got {gpus}")
     spec = load_server(server)
     nodes = math.ceil(gpus / spec.gpus_per_node)
+    for d in degradations:
+        _check_degradation(d, nodes, spec.gpus_per_node)
     if nodes > spec.max_nodes:
         raise TopologyError(
             f"--gpus {gpus} is more than {spec.id} clusters hold "
@@ -117,3 +119,14 @@ def load_cluster(
             degradations=degradations,
         )
     )
+
+
+def _check_degradation(d: Degradation, nodes: int, gpus_per_node: int) -> None:
+    """A `TopologyError` unless ``d`` names a node and GPU the cluster has (or ``*``)."""
+    for what, index, count in (("NODE", d.node, nodes), ("GPU", d.local_rank, gpus_per_node)):
+        if index is not None and index >= count:
+            text = ":".join("*" if x is None else str(x) for x in (d.tier, d.node, d.local_rank))
+            raise TopologyError(
+                f"--degrade {text}:{d.bw_scale:g}: {what} {index} is outside this cluster; "
+                f"use 0..{count - 1} or *"
+            )

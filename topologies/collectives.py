@@ -3,7 +3,7 @@
 time = launch + sum over phases of [latency + bytes / bw + 2 sqrt(depth * bytes / bw)] under
 the protocol chosen (Simple: full bandwidth, pipelined; LL: half bandwidth, 1/5 the per-step
 latency, no chunk pipeline). ``auto`` takes the fastest (algorithm, protocol) pair, as NCCL's
-tuner does with its own model. A group of one rank costs 0 s.
+tuner does with its own model. A group of one rank costs 0 s (and has no bandwidth).
 """
 
 from __future__ import annotations
@@ -64,8 +64,14 @@ class CollectiveEstimate:
 
     @property
     def algbw_bytes_per_s(self) -> float:
-        """nccl-tests algorithm bandwidth S / t (inf for a zero-time collective)."""
-        return self.nbytes / self.time_s if self.time_s > 0 else math.inf
+        """nccl-tests algorithm bandwidth S / t; a `TopologyError` for a group of one rank
+        (0 s: there is no bandwidth to report, and inf is not valid JSON)."""
+        if self.time_s <= 0:
+            raise TopologyError(
+                f"{self.op} over {self.num_ranks} rank moves no data (0 s), so it has no "
+                "bandwidth; use --gpus 2 or more"
+            )
+        return self.nbytes / self.time_s
 
     @property
     def busbw_bytes_per_s(self) -> float:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from topologies.spec import TopologyError
 
@@ -33,25 +35,69 @@ class MeasuredCurve:
     source: str
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise TopologyError(f"cannot read measured data {path}: {e}") from e
+
+
+_MISSING = object()
+
+
+def _positive(value: Any, where: str) -> float:
+    """A measured number: positive and finite (a zero or NaN busbw is refused, not skipped)."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if number and 0 < value < sys.float_info.max:  # not NaN, inf, 0 or an int beyond a float
+        return float(value)
+    got = "nothing" if value is _MISSING else json.dumps(value)
+    raise TopologyError(f"{where} must be a positive finite number, got {got}")
+
+
 def _from_microbenchmarks(path: Path) -> list[MeasuredCurve]:
+    text = _read(path)
+    try:
+        records = json.loads(text)
+    except ValueError as e:
+        raise TopologyError(f"cannot read measured data {path}: {e}") from e
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise TopologyError(f"{path}: expected a JSON list of one object per GPU")
     curves = []
-    for rec in json.loads(path.read_text()):
-        server = _SERVER_OF_GPU.get(rec.get("gpu", ""))
-        if server is None or "nccl_allreduce_8gpu" not in rec:
+    for rec in records:
+        gpu, raw = rec.get("gpu"), rec.get("nccl_allreduce_8gpu")
+        server = _SERVER_OF_GPU.get(gpu) if isinstance(gpu, str) else None
+        if server is None or raw is None:
             continue
+        where = f"{path}: gpu {gpu} nccl_allreduce_8gpu"
+        if not isinstance(raw, list) or not raw or not all(isinstance(p, dict) for p in raw):
+            raise TopologyError(f"{where}: expected a non-empty list of measured points")
         pts = tuple(
-            (float(p["bytes_approx"]), float(p["busbw_GBps"]) * 1e9)
-            for p in rec["nccl_allreduce_8gpu"]
+            (
+                _positive(p.get("bytes_approx", _MISSING), f"{where}[{i}] bytes_approx"),
+                _positive(p.get("busbw_GBps", _MISSING), f"{where}[{i}] busbw_GBps") * 1e9,
+            )
+            for i, p in enumerate(raw)
         )
-        curves.append(MeasuredCurve(server, 8, "auto", pts, f"{path.name}: {rec['system']}"))
+        curves.append(MeasuredCurve(server, 8, "auto", pts, f"{path.name}: {rec.get('system')}"))
     return curves
+
+
+def _cell_gbps(cell: str, where: str) -> float:
+    try:
+        value = float(cell)
+    except ValueError:
+        raise TopologyError(f"{where} must be a busbw in GB/s, got {cell!r}") from None
+    return _positive(value, where) * 1e9
 
 
 def _from_collectives_md(path: Path) -> list[MeasuredCurve]:
     rows: dict[int, list[tuple[float, float]]] = {c: [] for c in _TABLE_COLUMNS}
-    text = path.read_text()
+    text = _read(path)
     start = text.find("### 5.1")
-    for line in text[start : text.find("###", start + 4)].splitlines():
+    if start < 0:
+        raise TopologyError(f"{path}: no section '### 5.1' (the all-reduce busbw table)")
+    end = text.find("###", start + 4)
+    for line in text[start : end if end >= 0 else len(text)].splitlines():
         m = re.match(r"\|\s*(\d+)\s*(KB|MB|GB)\s*\|(.*)\|\s*$", line)
         if not m:
             if rows[1]:
@@ -59,8 +105,15 @@ def _from_collectives_md(path: Path) -> list[MeasuredCurve]:
             continue
         nbytes = float(m.group(1)) * _UNITS[m.group(2)]
         cells = [c.replace("*", "").strip() for c in m.group(3).split("|")]
-        for col in _TABLE_COLUMNS:
-            rows[col].append((nbytes, float(cells[col - 1]) * 1e9))
+        where = f"{path} section 5.1, row {m.group(1)} {m.group(2)}"
+        if len(cells) < len(_TABLE_COLUMNS):
+            raise TopologyError(
+                f"{where}: {len(cells)} busbw cells, expected {len(_TABLE_COLUMNS)}"
+            )
+        for col, (srv, n, _) in _TABLE_COLUMNS.items():
+            rows[col].append((nbytes, _cell_gbps(cells[col - 1], f"{where}, {srv} x{n} cell")))
+    if not rows[1]:
+        raise TopologyError(f"{path}: section 5.1 has no busbw table rows ('| 1 KB | ... |')")
     return [
         MeasuredCurve(srv, n, algo, tuple(rows[col]), f"{path.name} section 5.1")
         for col, (srv, n, algo) in _TABLE_COLUMNS.items()

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from topologies.catalog import list_networks, list_servers
 from topologies.collectives import CollectiveEstimate
 from topologies.measured import Comparison
+from topologies.spec import TopologyError
 
 
 def server_lines() -> list[str]:
@@ -40,7 +41,13 @@ def describe(est: CollectiveEstimate) -> str:
 
 
 def check_table(rows: Sequence[Comparison]) -> str:
-    """Markdown table of measured vs predicted all-reduce busbw."""
+    """Markdown table of measured vs predicted all-reduce busbw; a `TopologyError` for no rows
+    (a ``--min-bytes`` of NaN, inf or above every measured size leaves none)."""
+    if not rows:
+        raise TopologyError(
+            "no measured point is at least --min-bytes; give a finite --min-bytes "
+            "no larger than the largest measured size"
+        )
     out = [
         "| cluster | GPUs | bytes | measured GB/s | predicted GB/s | error | algorithm |",
         "|---|---|---|---|---|---|---|",

@@ -117,3 +117,89 @@ def test_unknown_field_raises_gpu_error_naming_the_field(tmp_path: Path) -> None
     path.write_text("bogus_clock_mhz = 1410\n" + text)
     with pytest.raises(GPUError, match="bogus_clock_mhz"):
         load_gpu(path)
+
+
+L4_SHEET = {"Device": "NVIDIA L4", "Dev_Mem": 24, "Mem_Bw": 300, "Num_Sm": 60,
+            "Core_Per_SM": 128, "Freq": 2040, "SingleFLOPs": 31334, "L2Cache": 48}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("Num_Sm", 0),  # was ZeroDivisionError
+        ("Freq", 0),  # was ZeroDivisionError
+        ("SingleFLOPs", float("inf")),  # was OverflowError
+        ("Mem_Bw", 0),  # was a multi-line pydantic dump naming hbm_bw_bytes_per_s
+        ("Mem_Bw", -300),
+        ("Mem_Bw", float("nan")),
+        ("Mem_Bw", float("inf")),  # was accepted (numpy RuntimeWarning downstream)
+        ("L2Cache", 0),
+        ("Dev_Mem", None),  # was "float() argument must be ... 'NoneType'", naming no field
+        ("SingleFLOPs", "missing"),
+        ("Freq", "2040"),
+        ("Num_Sm", 60.5),
+    ],
+)
+def test_bad_neusight_sheet_number_is_one_line_naming_the_field(
+    tmp_path: Path, field: str, value: object
+) -> None:
+    sheet = dict(L4_SHEET)
+    if value == "missing":
+        del sheet[field]
+    else:
+        sheet[field] = value
+    path = tmp_path / "device.json"
+    path.write_text(json.dumps(sheet))
+    with pytest.raises(GPUError) as excinfo:
+        load_gpu(path)
+    message = str(excinfo.value)
+    assert str(path) in message and repr(field) in message and "positive" in message
+    assert "\n" not in message
+
+
+def test_valid_neusight_sheet_still_loads(tmp_path: Path) -> None:
+    path = tmp_path / "device.json"
+    path.write_text(json.dumps(L4_SHEET))
+    gpu = load_gpu(path)
+    assert gpu.num_sms == 60 and gpu.hbm_bw_bytes_per_s == 300e9
+    assert gpu.peak_flops_per_s[Dtype.FP32] == 31334e9
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key"),
+    [
+        ("boost_clock_hz = 1.98e9", "boost_clock_hz = inf", "boost_clock_hz"),  # printed NaN
+        ("bf16 = 9.895e14", "bf16 = 0.0", "peak_flops_per_s.bf16"),  # Infinity / ZeroDivision
+        ("bf16 = 9.895e14", "bf16 = -9.895e14", "peak_flops_per_s.bf16"),
+        ("bf16 = 9.895e14", "bf16 = nan", "peak_flops_per_s.bf16"),
+        ("fp32 = 6.7e13", "fp32 = -6.7e13", "peak_flops_per_s.fp32"),  # > peak TFLOP/s
+        ("hbm_bw_bytes_per_s = 3.35e12", "hbm_bw_bytes_per_s = inf", "hbm_bw_bytes_per_s"),
+    ],
+)
+def test_catalog_numbers_must_be_positive_and_finite(
+    tmp_path: Path, old: str, new: str, key: str
+) -> None:
+    text = (CATALOG_DIR / "h100-sxm5-80gb.toml").read_text()
+    assert old in text
+    path = tmp_path / "h100-edited.toml"
+    path.write_text(text.replace(old, new))
+    with pytest.raises(GPUError) as excinfo:
+        load_gpu(path)
+    message = str(excinfo.value)
+    assert str(path) in message and repr(key) in message and "positive finite" in message
+    assert "\n" not in message
+
+
+def test_cli_refuses_a_non_finite_catalog_value_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simulator.cli import main
+
+    text = (CATALOG_DIR / "h100-sxm5-80gb.toml").read_text()
+    path = tmp_path / "h100-edited.toml"
+    path.write_text(text.replace("boost_clock_hz = 1.98e9", "boost_clock_hz = inf"))
+    argv = ["kernels", "predict", "--gpu", str(path), "--op", "gemm"]
+    assert main([*argv, "--dims", "4096,4096,4096", "--dtype", "bf16", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "boost_clock_hz" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from simulator.errors import ConfigError
-from simulator.models import load_model
+from simulator.models import CATALOG_DIR, load_model
 from simulator.opgraph import Phase, Workload, build_ops
 
 
@@ -79,3 +80,91 @@ def test_a_sequence_beyond_learned_positions_is_refused() -> None:
     with pytest.raises(ConfigError, match="513 exceeds model tiny-gpt's 512 learned positions"):
         build_ops(tiny, Workload(batch=1, seq=513, mode="inf"))
     load_model("llama3-8b").check_sequence(1_000_000)  # rotary: no table to outgrow
+
+
+LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256,
+         "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 4,
+         "vocab_size": 1000, "max_position_embeddings": 2048}  # fmt: skip
+GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 1280, "n_head": 20, "vocab_size": 1000}
+OPT = {"model_type": "opt", "num_hidden_layers": 2, "hidden_size": 256, "ffn_dim": 1024,
+       "num_attention_heads": 4, "vocab_size": 1000, "max_position_embeddings": 2048}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("base", "edit", "key"),
+    [
+        (LLAMA, {"num_local_experts": "8"}, "num_local_experts"),  # was a TypeError traceback
+        (LLAMA, {"num_local_experts": None}, "num_local_experts"),
+        (OPT, {"max_position_embeddings": None}, "max_position_embeddings"),  # was TypeError
+        (LLAMA, {"hidden_size": 2}, "num_attention_heads"),  # was "dims must be positive"
+        (GPT2, {"n_embd": "1280"}, "n_embd"),  # 4 * "1280" repeated the string
+        (GPT2, {"n_head": 7}, "n_head"),  # 1280 / 7 heads
+        (GPT2, {"n_layer": True}, "n_layer"),
+        (GPT2, {"n_layer": 0}, "n_layer"),
+        (LLAMA, {"num_key_value_heads": 3}, "num_key_value_heads"),
+        (LLAMA, {"num_key_value_heads": 8}, "num_key_value_heads"),
+        (LLAMA, {"num_local_experts": 4, "num_experts_per_tok": 8}, "num_experts_per_tok"),
+        (LLAMA, {"tie_word_embeddings": "false"}, "tie_word_embeddings"),  # was read as true
+    ],
+)
+def test_bad_hf_config_names_the_key(
+    tmp_path: Path, base: dict[str, object], edit: dict[str, object], key: str
+) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(base | edit))
+    with pytest.raises(ConfigError) as excinfo:
+        load_model(cfg)
+    message = str(excinfo.value)
+    assert str(cfg) in message and repr(key) in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("base", "edit"),
+    [(GPT2, {"n_inner": None}), (LLAMA, {"num_key_value_heads": None}), (LLAMA, {})],
+)
+def test_hf_defaults_still_load(
+    tmp_path: Path, base: dict[str, object], edit: dict[str, object]
+) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(base | edit))
+    model = load_model(cfg)
+    assert model.ffn_hidden_size in (4 * model.hidden_size, 512)
+    assert model.kv_heads == model.num_heads
+
+
+def test_non_utf8_hf_config_is_a_config_error(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_bytes(b'{"model_type": "gpt2", "n_embd": "\xff"}')
+    with pytest.raises(ConfigError, match="cannot read HF config"):
+        load_model(cfg)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field"),
+    [
+        ("tied_embeddings = false", 'tied_embeddings = "false"', "tied_embeddings"),
+        ("num_kv_heads = 8", "num_kv_heads = 3", "num_kv_heads"),
+        ("hidden_size = 4096", 'hidden_size = "4096"', "hidden_size"),
+    ],
+)
+def test_catalog_toml_gets_the_same_checks(tmp_path: Path, old: str, new: str, field: str) -> None:
+    text = (CATALOG_DIR / "llama3-8b.toml").read_text()
+    assert old in text
+    path = tmp_path / "edited.toml"
+    path.write_text(text.replace(old, new))
+    with pytest.raises(ConfigError, match=f"field '{field}'"):
+        load_model(path)
+
+
+def test_predict_cli_bad_hf_config_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simulator.cli import main
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(LLAMA | {"num_local_experts": "8"}))
+    argv = ["predict", "--model", str(cfg), "--gpu", "a100-sxm4-80gb", "--batch", "1"]
+    assert main([*argv, "--seq", "128", "--mode", "train", "--dtype", "bf16", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "num_local_experts" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1

@@ -68,3 +68,40 @@ def test_list_models_and_scenarios(
 ) -> None:
     assert main(["list", kind]) == 0
     assert expected in capsys.readouterr().out.split()
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--gpus", "1"], "use --gpus 2 or more"),  # printed "algbw_GBps": Infinity
+        (["--gpus", "16", "--degrade", "inter:5:3:0.5"], "--degrade inter:5:3:0.5: NODE 5"),
+        (["--gpus", "16", "--degrade", "inter:0:99:0.5"], "use 0..7"),
+        (["--gpus", "8", "--degrade", "intra:*:8:0.5"], "GPU 8 is outside"),
+    ],
+)
+def test_degenerate_or_outside_the_cluster_exits_2(
+    extra: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["collective", "--op", "all-reduce", "--bytes", "1e9", "--cluster", "dgx-h100"]
+    assert main([*argv, *extra, "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and needle in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
+
+
+def test_degrade_inside_the_cluster_still_slows_it(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["collective", "--op", "all-reduce", "--bytes", "1e9", "--gpus", "16"]
+    argv += ["--cluster", "dgx-h100", "--algorithm", "ring", "--json"]
+    assert main(argv) == 0
+    base = json.loads(capsys.readouterr().out)["time_s"]
+    assert main([*argv, "--degrade", "inter:1:*:0.5"]) == 0
+    assert json.loads(capsys.readouterr().out)["time_s"] > base
+
+
+@pytest.mark.parametrize("min_bytes", ["nan", "inf", "1e30"])
+def test_check_refuses_a_min_bytes_that_leaves_no_rows(
+    hardware_dir: Path, min_bytes: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["collective-check", "--data", str(hardware_dir), "--min-bytes", min_bytes]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "--min-bytes" in captured.err
