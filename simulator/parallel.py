@@ -25,7 +25,8 @@ Zero3Impl = Literal["fsdp", "deepspeed-2021"]
 class RunConfig(BaseModel):
     """One parallel layout; ``dp = 0`` means "the GPUs left over by tp*cp*pp"."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # strict: a TOML ``true`` or ``2.0`` is not a parallel size, nor ``"yes"`` a switch
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     tp: int = Field(default=1, gt=0, description="tensor parallel size (divides the heads)")
     pp: int = Field(default=1, gt=0, description="pipeline stages")

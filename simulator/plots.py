@@ -18,14 +18,15 @@ from simulator.figures import save_figure
 from simulator.report import RANKING_NAMES, best_per_context, layout_label, rank
 from simulator.rows import Row
 
-PARTS = ("compute", "bubble", "tp", "cp", "ep", "pp", "dp", "optimizer")
-COLORS = ("#4c72b0", "#c7c7c7", "#dd8452", "#937860", "#da8bc3", "#55a868", "#c44e52", "#8172b3")
+PARTS = ("compute", "tp", "cp", "ep", "pp", "dp", "optimizer")
+COLORS = ("#4c72b0", "#dd8452", "#937860", "#da8bc3", "#55a868", "#c44e52", "#8172b3")
 
 
 def _breakdown_s(r: Row) -> dict[str, float]:
-    """Step time split into parts that add up to the step (compute is the remainder)."""
+    """The step's critical path split into parts that add up to the step: exposed
+    communication per kind, the optimizer, and compute (the remainder). The bubble is not a
+    part: a GPU's idle time is spent waiting on those same paths (it is in the label)."""
     parts = {k: r[f"exposed_{k}_s"] or 0.0 for k in ("tp", "cp", "ep", "pp", "dp")}
-    parts["bubble"] = (r["bubble_fraction"] or 0.0) * (r["forward_backward_s"] or 0.0)
     parts["optimizer"] = r["optimizer_s"] or 0.0
     parts["compute"] = max(0.0, r["iteration_s"] - sum(parts.values()))
     return parts
@@ -35,14 +36,21 @@ def plot_top_layouts(rows: Sequence[Row], path: Path, *, by: str = "tokens", k: 
     """Horizontal stacked bars: the best layouts' step time by part."""
     top = rank(rows, by)[:k][::-1]
     fig, ax = plt.subplots(figsize=(11, 0.45 * max(4, len(top)) + 1.5))
-    labels = [f"{r['context']}  {layout_label(r)}  ({r['tokens_per_s']:,.0f} tok/s)" for r in top]
+    labels = [
+        f"{r['context']}  {layout_label(r)}  ({r['tokens_per_s']:,.0f} tok/s, "
+        f"bubble {r['bubble_fraction'] or 0.0:.0%})"
+        for r in top
+    ]
     left = [0.0] * len(top)
     for part, color in zip(PARTS, COLORS, strict=True):
         widths = [_breakdown_s(r)[part] for r in top]
         if any(w > 0 for w in widths):
             ax.barh(labels, widths, left=left, color=color, label=part)
             left = [a + b for a, b in zip(left, widths, strict=True)]
-    ax.set_xlabel("step time, s (exposed communication and bubble on the critical path)")
+    ax.set_xlabel(
+        "step time, s: the critical path's compute, exposed communication and optimizer "
+        "(bubble: a GPU's mean idle share)"
+    )
     ax.set_title(f"Top {len(top)} layouts by {RANKING_NAMES[by]} (best at the top)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=8, ncol=8)
     ax.tick_params(axis="y", labelsize=7)

@@ -25,7 +25,8 @@ from simulator.models import ModelSpec, load_model
 from simulator.parallel import RunConfig
 from topologies import Cluster, ClusterSpec, TopologyError, load_network, load_server
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+# strict: a TOML ``true`` or ``2.0`` is not a GPU count, nor ``"yes"`` a switch
+_FROZEN = ConfigDict(frozen=True, extra="forbid", strict=True)
 
 
 class StudySection(BaseModel):
@@ -91,7 +92,7 @@ class TrainingSection(BaseModel):
 
     model_config = _FROZEN
     global_batch_size: int = Field(gt=0, description="sequences per optimizer step")
-    dtype: Dtype = Field(default=Dtype.BF16, description="training precision")
+    dtype: Dtype = Field(default=Dtype.BF16, description="training precision", strict=False)
     framework: Literal["megatron", "hf-eager"] = Field(
         default="megatron", description="op inventory: Megatron-LM's fused kernels or HF eager"
     )
@@ -100,8 +101,10 @@ class TrainingSection(BaseModel):
         description="megatron only: flash (FlashAttention), unfused (scores through DRAM, as "
         "Megatron-LM before 2022); auto: flash for 16/8-bit dtypes, unfused for fp32/tf32",
     )
-    latency_model: Literal["auto", "roofline", "roofline-derated", "tile-mlp", "tensor-core"] = (
-        Field(default="auto", description="kernel forecaster (auto: by dtype)")
+    latency_model: Literal["auto", "roofline", "roofline-derated", "tile-mlp"] = Field(
+        default="auto",
+        description="kernel forecaster (auto: tile-mlp for fp32, the tensor-core and "
+        "bandwidth models for other dtypes)",
     )
 
 
@@ -168,8 +171,8 @@ def load_scenario(path: str | Path, *, overrides: tuple[str, ...] = ()) -> Scena
     try:
         with path.open("rb") as f:
             raw = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"cannot read scenario {path}: {e}") from e
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"cannot read scenario {path} as TOML (UTF-8): {e}") from e
     for assignment in overrides:
         _set(raw, assignment)
     return parse_scenario(raw, source=str(path), base_dir=path.resolve().parent)
@@ -204,11 +207,31 @@ def _inline_model(m: ModelSection, name: str) -> ModelSpec:
         raise ConfigError(f"model: {e.errors()[0]['msg']}") from e
 
 
+INLINE_KEYS = (
+    "n_layers",
+    "hidden_size",
+    "n_heads",
+    "n_kv_heads",
+    "ffn_hidden_size",
+    "vocab_size",
+    "activation",
+    "num_experts",
+    "experts_per_token",
+)
+
+
 def resolve_model(s: Scenario) -> ModelSpec:
     """The `ModelSpec` a scenario names (catalog id, HF config path, or inline)."""
     m = s.model
     if m.id is not None and m.hf_config is not None:
         raise ConfigError("model: give one of id and hf_config, not both")
+    inline = sorted(k for k in INLINE_KEYS if getattr(m, k) != ModelSection.model_fields[k].default)
+    if (m.id is not None or m.hf_config is not None) and inline:
+        named = "id" if m.id is not None else "hf_config"
+        raise ConfigError(
+            f"model: {named} names the whole model; drop the inline key(s) {', '.join(inline)} "
+            "or drop model." + named
+        )
     if m.id is not None:
         return load_model(m.id)
     if m.hf_config is not None:
@@ -228,6 +251,10 @@ def resolve_cluster(c: ClusterSection) -> Cluster:
         update["nics_per_node"] = c.nics_per_node
     server = server.model_copy(update=update) if update else server
     nodes = math.ceil(c.num_gpus / server.gpus_per_node)
+    if nodes > 1 and server.nics_per_node < 1:
+        raise ConfigError(
+            f"cluster.nics_per_node: {nodes} nodes with no NIC cannot talk; give at least 1"
+        )
     net_id = c.network or server.default_network
     net = load_network(net_id) if net_id else None
     if nodes > 1 and net is None:

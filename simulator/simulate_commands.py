@@ -21,7 +21,7 @@ from simulator.dist_validate import (
 from simulator.errors import ConfigError
 from simulator.models import DEFAULT_DATA_DIR
 from simulator.scenario import load_scenario, resolve
-from simulator.simulate import latency_table, simulate_timeline
+from simulator.simulate import latency_table, layout_of, simulate_timeline
 from simulator.trace import write_trace
 
 
@@ -60,6 +60,9 @@ DIST_END = "<!-- dist-validation:end -->"
 def _simulate(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario, overrides=tuple(args.overrides))
     inputs = resolve(scenario)
+    layout_of(inputs, scenario.run)  # a layout the model cannot take: named before any work
+    if args.trace is not None:
+        _check_trace_path(args.trace)
     result, timeline = simulate_timeline(
         inputs, scenario.run, latency_table(inputs, [scenario.run])
     )
@@ -77,6 +80,14 @@ def _simulate(args: argparse.Namespace) -> int:
         f"{result.memory_gib_per_gpu:.1f} GiB, fits={result.fits} {result.reason}".rstrip()
     )
     return 0
+
+
+def _check_trace_path(path: Path) -> None:
+    """``--trace`` names a file this run can write: not a folder, its folder existing."""
+    if path.is_dir() or not path.name:
+        raise ConfigError(f"--trace {path} is a folder; give a file name such as step.json")
+    if not path.parent.is_dir():
+        raise ConfigError(f"--trace {path}: {path.parent} is not a folder; create it first")
 
 
 ZERO3_FIT_MODEL = "174.6B"  # the GPT-3 175B rows

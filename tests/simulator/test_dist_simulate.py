@@ -144,6 +144,52 @@ def test_cli_bad_key_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(err) == 1 and "run.tpp" in err[0]
 
 
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["run.tp=16"], "run.tp: must divide n_heads"),  # was a traceback from the forecast
+        (["cluster.num_gpus=16", "cluster.nics_per_node=0"], "cluster.nics_per_node"),
+        (["run.tp=true"], "run.tp"),  # strict: not tp=1
+        (["run.zero_stage=2.0"], "run.zero_stage"),
+        (['run.sequence_parallel="yes"'], "run.sequence_parallel"),
+        (["training.global_batch_size=8.0"], "training.global_batch_size"),
+        (['training.latency_model="tensor-core"'], "training.latency_model"),
+    ],
+)
+def test_cli_simulate_bad_values_are_one_line(
+    overrides: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sets = [x for o in overrides for x in ("--set", o)]
+    assert main(["simulate", str(TINY), *sets]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
+
+
+def test_catalog_model_with_inline_sizes_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = ROOT / "scenarios" / "llama3_70b_h100.toml"
+    assert main(["simulate", str(scenario), "--set", "model.n_layers=50"]) == 2
+    assert "drop the inline key(s) n_layers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("trace", ["", "folder", "file/x.json", "missing/x.json"])
+def test_cli_trace_path_is_checked_before_work(
+    trace: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("")
+    target = str(tmp_path / trace) if trace else ""
+    assert main(["simulate", str(TINY), "--trace", target]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--trace" in err[0]
+
+
+def test_non_utf8_scenario_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes(b"\xff\xfe[study]\n")
+    assert main(["simulate", str(bad)]) == 2
+    assert "cannot read scenario" in capsys.readouterr().err
+
+
 def test_check_run_checks_interleaving(tiny: SimInputs) -> None:
     run = RunConfig(tp=2, pp=2, dp=2, virtual_stages=2, schedule="1f1b")
     with pytest.raises(ConfigError, match="virtual_stages"):
