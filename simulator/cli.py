@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -56,7 +57,9 @@ def _add_topologies(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = sub.add_parser("collective", help="predict one collective on a cluster")
     p.add_argument("--op", required=True, help="all-reduce, all-gather, reduce-scatter, ...")
     p.add_argument("--bytes", type=float, required=True, help="size S as nccl-tests defines it")
-    p.add_argument("--gpus", type=int, required=True, help="ranks 0..gpus-1; nodes = ceil")
+    p.add_argument(
+        "--gpus", type=int, required=True, help="ranks 0..gpus-1, at least 2; nodes = ceil"
+    )
     p.add_argument("--cluster", required=True, help="server id (tilesim list servers)")
     p.add_argument("--network", default=None, help="network id; default: the server's NICs")
     p.add_argument("--algorithm", default="auto", help="auto|ring|tree|nvls|hierarchical|direct")
@@ -80,7 +83,9 @@ def _add_topologies(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(handler=_collective_plot)
     p = sub.add_parser("collective-check", help="measured vs predicted all-reduce busbw table")
     p.add_argument("--data", type=Path, required=True, help="shared/data/hardware folder")
-    p.add_argument("--min-bytes", type=float, default=2**20, help="smallest size shown")
+    p.add_argument(
+        "--min-bytes", type=float, default=2**20, help="smallest size shown (a finite number)"
+    )
     p.set_defaults(handler=_collective_check)
 
 
@@ -139,14 +144,19 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _collective_plot(args: argparse.Namespace) -> int:
+    from simulator.figures import figure_path  # matplotlib only when a figure is asked for
+    from topologies.plots import plot_busbw
+
+    figure_path(args.out, "--out")
     curves = load_measured(args.data)
-    from topologies.plots import plot_busbw  # matplotlib only when a figure is asked for
 
     print(plot_busbw(sorted({(c.server, c.gpus) for c in curves}), curves, args.out))
     return 0
 
 
 def _collective_check(args: argparse.Namespace) -> int:
+    if not math.isfinite(args.min_bytes):
+        raise ConfigError(f"--min-bytes {args.min_bytes}: give a finite size in bytes")
     rows = [r for c in load_measured(args.data) for r in compare(c) if r.nbytes >= args.min_bytes]
     print(topo_report.check_table(rows))
     return 0

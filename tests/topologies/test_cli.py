@@ -60,6 +60,16 @@ def test_check_and_plot(
     assert out.exists()
 
 
+def test_plot_path_and_min_bytes_are_checked_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # no --data folder exists here: the flags are refused before any data is read
+    assert main(["collective-plot", "--data", str(tmp_path), "--out", str(tmp_path)]) == 2
+    assert "--out" in capsys.readouterr().err
+    assert main(["collective-check", "--data", str(tmp_path), "--min-bytes", "nan"]) == 2
+    assert "--min-bytes" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("kind", "expected"), [("models", "gpt3-175b"), ("scenarios", "gpt3-175b-h100")]
 )
