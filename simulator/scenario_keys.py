@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from simulator.parallel import RunConfig
+from simulator.rows import RUN_KEYS
 from simulator.scenario import ClusterSection, ModelSection, StudySection, TrainingSection
 
 SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
@@ -21,9 +22,10 @@ SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("training", TrainingSection),
     ("run", RunConfig),
 )
-SWEEP_TEXT = """\
-Lists under `[sweep]`: any `[run]` key (every combination is a layout; a key not listed takes
-its `[run]` value), plus `world_size` (cluster sizes; default `cluster.num_gpus`). A procurement
+SWEEP_TEXT = f"""\
+Lists under `[sweep]`: the `[run]` keys {", ".join(f"`{k}`" for k in RUN_KEYS)} (every
+combination is a layout; a key not listed, and every other `[run]` key, takes its `[run]`
+value), plus `world_size` (cluster sizes; default `cluster.num_gpus`). A procurement
 study adds `train_tokens = [N]` and `[[sweep.options]]` tables, one per cluster option: `id`,
 `gpu`, `server`, `network`, optional `num_gpus` (a list), `gpus_per_node`, `nics_per_node`, and
 the user's `price_per_gpu_hour` and `power_w_per_gpu`. `--set TABLE.KEY=VALUE` on `tilesim
