@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from forecast.predict import LatencyTable
 from forecast.stream import stream_table
 from simulator.dist_memory import MemoryBreakdown, stage_memory
+from simulator.errors import ConfigError
 from simulator.execgraph import build_exec_graph, exec_graph
 from simulator.latency import latency_model_for
 from simulator.parallel import Layout, RunConfig, check_run
@@ -85,11 +86,23 @@ def _step_info(inputs: SimInputs, layout: Layout) -> StepInfo:
     )
 
 
+# Forward and backward tasks of one step's execution graph that `simulate` builds (about a
+# kilobyte each): the largest published layouts have a few tens of thousands.
+MAX_GRAPH_TASKS = 2_000_000
+
+
 def simulate_timeline(
     inputs: SimInputs, run: RunConfig, table: LatencyTable
 ) -> tuple[StepResult, Timeline]:
     """Simulate one layout; also return the timeline (for traces)."""
     layout = layout_of(inputs, run)
+    tasks = 2 * run.pp * layout.chunks * layout.num_micro_batches
+    if tasks > MAX_GRAPH_TASKS:
+        raise ConfigError(
+            f"run: {layout.num_micro_batches:,} micro-batches x {run.pp} stages x "
+            f"{layout.chunks} chunks = {tasks:,} graph tasks; at most {MAX_GRAPH_TASKS:,} are "
+            "simulated: raise run.micro_batch_size or run.dp, or lower the global batch"
+        )
     with _gc_paused():
         timeline = schedule(build_exec_graph(step_costs(inputs, layout, table)))
         return summarize(timeline, _step_info(inputs, layout)), timeline

@@ -154,6 +154,8 @@ def test_cli_bad_key_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
         (['run.sequence_parallel="yes"'], "run.sequence_parallel"),
         (["training.global_batch_size=8.0"], "training.global_batch_size"),
         (['training.latency_model="tensor-core"'], "training.latency_model"),
+        # 4e11 micro-batches: a graph that never finishes building (was killed for memory)
+        (["training.global_batch_size=1600000000000"], "graph tasks"),
     ],
 )
 def test_cli_simulate_bad_values_are_one_line(
