@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,8 @@ class TileMLPModel:
         if family in GEMM_FAMILIES:
             dims = np.array([k.dims for k in kernels], dtype=np.int64)
             choice = self.picker.pick(family.value, gpu, dims)
+        else:
+            kernels = [_at_least_floor(k) for k in kernels]
         fb = build_features(gpu, kernels, choice)
         net = self.mlps[family]
         x = torch.from_numpy(fb.x)
@@ -129,6 +131,26 @@ class TileMLPModel:
             efficiency=mem.get("efficiency", 0.8), launch_s=mem.get("launch_s", 5e-6)
         )
         return cls(mlps=mlps, picker=TilePicker(tables), memory=memory, meta=meta)
+
+
+# Row kernels (element-wise, softmax, layer norm) below this many elements all cost one
+# call's launch floor in the measurements (A100-PCIE-40GB: every softmax under 5,000 elements
+# 32.7-34.4 us, every add up to 2^20 elements 26-27 us), but the MLP, which saw few such
+# shapes (none with one row and a short width), extrapolates wildly there: softmax (1, 1)
+# 278 us on the A100 80GB, layer norm (1, 1) under 1 us. Such a kernel is forecast as the
+# same width (layer norm: at least the narrowest measured one) grown to this many elements,
+# a shape inside the data's floor.
+ROW_FLOOR_ELEMENTS = 2**16
+MIN_WIDTH = {OpFamily.LAYERNORM: 256}  # layer norms measured: widths 260-4100
+
+
+def _at_least_floor(k: KernelSpec) -> KernelSpec:
+    """``k``, or below `ROW_FLOOR_ELEMENTS` the floor-sized kernel of its op and width."""
+    rows, width = k.dims
+    if rows * width >= ROW_FLOOR_ELEMENTS:
+        return k
+    width = max(width, MIN_WIDTH.get(k.family, 1))
+    return replace(k, dims=(-(-ROW_FLOOR_ELEMENTS // width), width))
 
 
 def _table(key: str, dims: npt.NDArray[np.float32], choice: npt.NDArray[np.int64]) -> TileTable:

@@ -80,6 +80,28 @@ def test_batched_prediction_equals_one_by_one(tiny_gpu: GPUSpec) -> None:
     assert (batched > 0).all()
 
 
+@pytest.mark.parametrize(
+    ("small", "floor"),
+    [
+        (KernelSpec(OpFamily.SOFTMAX, (1, 1)), KernelSpec(OpFamily.SOFTMAX, (65536, 1))),
+        (KernelSpec(OpFamily.SOFTMAX, (3, 1000)), KernelSpec(OpFamily.SOFTMAX, (66, 1000))),
+        (
+            KernelSpec(OpFamily.ELEMENTWISE, (1, 8), op="add"),
+            KernelSpec(OpFamily.ELEMENTWISE, (8192, 8), op="add"),
+        ),
+        (KernelSpec(OpFamily.LAYERNORM, (4, 32)), KernelSpec(OpFamily.LAYERNORM, (256, 256))),
+    ],
+)
+def test_row_kernels_under_the_floor_cost_the_floor(
+    tiny_gpu: GPUSpec, small: KernelSpec, floor: KernelSpec
+) -> None:
+    model = _toy_model()
+    got, want = model.predict_s([small, floor], tiny_gpu)
+    assert got == pytest.approx(want, rel=1e-6)  # float32 MLP, batched
+    big = KernelSpec(OpFamily.SOFTMAX, (4096, 512))  # above the floor: its own forecast
+    assert model.predict_s([big], tiny_gpu)[0] != model.predict_s([small], tiny_gpu)[0]
+
+
 def test_save_load_round_trip_is_exact(tiny_gpu: GPUSpec, tmp_path: Path) -> None:
     model = _toy_model()
     model.save(tmp_path)
