@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from forecast.kernels import Dtype, KernelSpec, OpFamily
@@ -49,8 +50,9 @@ def _choices(text: str | None, allowed: tuple[str, ...], flag: str) -> tuple[str
         return allowed
     items = tuple(x.strip() for x in text.split(",") if x.strip())
     bad = [x for x in items if x not in allowed]
-    if bad:
-        raise ConfigError(f"{flag}: unknown {', '.join(bad)}; use {','.join(allowed)}")
+    if bad or not items:
+        what = f"unknown {', '.join(bad)}" if bad else "empty"
+        raise ConfigError(f"{flag}: {what}; use {','.join(allowed)}")
     return items
 
 
@@ -58,8 +60,11 @@ def _collect(args: argparse.Namespace) -> int:
     from forecast import profile
 
     at_least("--repeats", args.repeats, 1)
-    if args.budget_s is not None and args.budget_s <= 0:
-        raise ConfigError(f"--budget-s must be positive, got {args.budget_s}")
+    if args.budget_s is not None and not (math.isfinite(args.budget_s) and args.budget_s > 0):
+        raise ConfigError(f"--budget-s must be a positive number of seconds, got {args.budget_s}")
+    if args.out.is_dir() or not args.out.parent.is_dir():
+        why = "is a folder" if args.out.is_dir() else f"needs the folder {args.out.parent}"
+        raise ConfigError(f"--out {args.out} {why}; give a CSV path in an existing folder")
 
     cfg = profile.CollectConfig(
         device=args.device,

@@ -78,3 +78,23 @@ def test_cli_collect_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert main([*argv, "--out", str(out), "--repeats", "0"]) == 2
     assert main([*argv, "--out", str(out), "--budget-s", "0"]) == 2
     assert "--repeats must be at least 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--budget-s", "nan"], "--budget-s"),
+        (["--ops", ",,"], "--ops: empty"),
+        (["--out", "{tmp}"], "is a folder"),
+        (["--out", "{tmp}/missing/c.csv"], "needs the folder"),
+    ],
+)
+def test_cli_collect_refuses_before_measuring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], needle: str
+) -> None:
+    argv = ["kernels", "collect", "--device", "cpu", "--out", str(tmp_path / "c.csv")]
+    argv += [x.format(tmp=tmp_path) for x in extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+    assert [p.name for p in tmp_path.iterdir()] == []
