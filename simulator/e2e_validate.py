@@ -115,16 +115,15 @@ def same_kernel_ratios(data_dir: Path) -> dict[str, dict[str, np.ndarray]]:
             table[str(key[0]), fam, tuple(int(d) for d in key[1:])] = float(t)
     out: dict[str, dict[str, list[float]]] = {}
     for folder in sorted((data_dir / "labels").iterdir()):
-        device = folder.name.replace("_", " ")
-        try:
-            gpu_id = load_gpu(device).id
-        except GPUError:
+        gpu = _folder_gpu(folder)
+        if gpu is None:
             continue
+        device = folder.name.replace("_", " ")
         for path in sorted(folder.glob("*.csv.gz")):
             for fam, dims, ms in trace_kernels(path):
                 ref = table.get((device, fam, dims))
                 if ref is not None:
-                    out.setdefault(gpu_id, {}).setdefault(fam, []).append(ms * 1e-3 / ref)
+                    out.setdefault(gpu.id, {}).setdefault(fam, []).append(ms * 1e-3 / ref)
     return {g: {f: np.array(r) for f, r in by.items()} for g, by in out.items()}
 
 
