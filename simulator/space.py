@@ -4,7 +4,10 @@ A scenario's ``[sweep]`` table holds lists; any `RunConfig` key not listed takes
 value. ``world_size`` lists cluster sizes (default ``cluster.num_gpus``). A procurement study
 adds ``[[sweep.options]]`` tables (``id``, ``gpu``, ``server``, ``network``, optional
 ``num_gpus`` list, ``gpus_per_node``, and the user's ``price_per_gpu_hour`` and
-``power_w_per_gpu``) and ``train_tokens = [N]`` (one value; the table holds lists).
+``power_w_per_gpu``) and ``train_tokens = [N]`` (one value; the table holds lists). Swept
+values are validated as strictly as ``[run]`` and ``[cluster]`` (an option's cluster keys by
+`ClusterSection` itself); option ids (default: the GPU) must differ, and a repeated GPU count
+is one cluster size. Prices, power and the token budget are finite numbers.
 
 Each (option, world size) is a `Context` (resolved `SimInputs`); each layout is a `Point`, a
 flat frozen record that travels to workers cheaply. Layouts that break a rule (tp does not
@@ -16,6 +19,7 @@ layouts that are valid but do not fit in memory are kept and become ``infeasible
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -25,7 +29,7 @@ from pydantic import ValidationError
 from simulator.errors import ConfigError
 from simulator.parallel import RunConfig
 from simulator.rows import RUN_KEYS
-from simulator.scenario import Scenario, SimInputs, resolve
+from simulator.scenario import ClusterSection, Scenario, SimInputs, resolve
 from simulator.simulate import layout_of
 
 OPTION_KEYS = {"id", "gpu", "server", "network", "num_gpus", "gpus_per_node"}
@@ -129,39 +133,58 @@ def find_scenario(name: str | Path) -> Path:
 
 
 def _values(scenario: Scenario, key: str) -> list[Any]:
+    """The distinct values of one swept `RunConfig` key, each validated as ``[run]`` would be
+    (strict: ``2.0``, ``"2"`` or ``true`` is not a size, ``"false"`` or ``1`` not a switch),
+    as the validated values."""
     values = scenario.sweep.get(key, [getattr(scenario.run, key)])
     if not values:
         raise ConfigError(f"sweep.{key}: empty list")
+    out = []
     for v in values:
         try:
-            RunConfig.model_validate({key: v})
+            run = RunConfig.model_validate({key: v})
         except ValidationError as e:
             raise ConfigError(f"sweep.{key}: {v!r}: {e.errors()[0]['msg']}") from e
-    return list(dict.fromkeys(values))
+        out.append(getattr(run, key))
+    return list(dict.fromkeys(out))
 
 
 def _gpu_counts(values: Any, where: str) -> list[int]:
-    """A non-empty list of positive whole GPU counts, or a `ConfigError` naming ``where``."""
+    """The distinct GPU counts of a non-empty list of positive whole numbers (a repeat is the
+    same cluster: kept once), or a `ConfigError` naming ``where``."""
     if not isinstance(values, list) or not values:
         raise ConfigError(f"{where}: give a non-empty list of GPU counts, e.g. [512, 1024]")
     for n in values:
         if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
             raise ConfigError(f"{where}: {n!r} is not a positive whole number of GPUs")
-    return values
+    return list(dict.fromkeys(values))
 
 
 def _number(value: Any, where: str, *, positive: bool = False) -> float:
-    """A real number (> 0 when ``positive``, else >= 0), or a `ConfigError` naming ``where``."""
+    """A finite real number (> 0 when ``positive``, else >= 0), or a `ConfigError` naming
+    ``where`` (NaN passes every comparison, so it is refused by name, as is infinity)."""
     ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok or value < 0 or (positive and value == 0):
-        need = "a positive number" if positive else "a number >= 0"
+    if not ok or not math.isfinite(value) or value < 0 or (positive and value == 0):
+        need = "a finite positive number" if positive else "a finite number >= 0"
         raise ConfigError(f"{where}: {value!r}; give {need}")
     return float(value)
 
 
-def _options(scenario: Scenario) -> list[dict[str, Any]]:
+def _option_name(opt: dict[str, Any], i: int, base_gpu: str) -> str:
+    """An option's id: its ``id`` (a non-empty string), else its GPU."""
+    if "id" not in opt:
+        return str(opt.get("gpu", base_gpu))
+    if not isinstance(opt["id"], str) or not opt["id"].strip():
+        raise ConfigError(f"sweep.options[{i}].id: {opt['id']!r}; give a non-empty string")
+    return opt["id"]
+
+
+def _options(scenario: Scenario) -> list[tuple[str, dict[str, Any]]]:
+    """(id, table) of each ``[[sweep.options]]`` (one unnamed option without any); ids are
+    unique, as rows of two options with one id would share keys and overwrite each other."""
     raw = scenario.sweep.get("options") or [{}]
-    out = []
+    out: list[tuple[str, dict[str, Any]]] = []
+    seen: dict[str, int] = {}
     for i, opt in enumerate(raw):
         if not isinstance(opt, dict) or set(opt) - OPTION_KEYS:
             bad = sorted(set(opt) - OPTION_KEYS) if isinstance(opt, dict) else opt
@@ -171,7 +194,15 @@ def _options(scenario: Scenario) -> list[dict[str, Any]]:
                 _number(opt[key], f"sweep.options[{i}].{key}")
         if "num_gpus" in opt:
             _gpu_counts(opt["num_gpus"], f"sweep.options[{i}].num_gpus")
-        out.append(opt)
+        name = _option_name(opt, i, scenario.cluster.gpu)
+        if name in seen:
+            how = "" if "id" in opt else " (named by its gpu: it has no id)"
+            raise ConfigError(
+                f"sweep.options[{i}]: duplicate option id {name!r}{how}, also used by "
+                f'sweep.options[{seen[name]}]; give each option its own id = "..."'
+            )
+        seen[name] = i
+        out.append((name, opt))
     return out
 
 
@@ -184,19 +215,38 @@ def _train_tokens(scenario: Scenario) -> float | None:
     return _number(tokens[0], "sweep.train_tokens", positive=True)
 
 
+CLUSTER_KEYS = ("gpu", "server", "network", "gpus_per_node", "nics_per_node")
+
+
+def _section(base: ClusterSection, opt: dict[str, Any], i: int, n: int) -> ClusterSection:
+    """``[cluster]`` with an option's keys and ``n`` GPUs, validated by the same rules as
+    ``[cluster]`` (a copy with updates would skip them: gpus_per_node = 0 divided by zero)."""
+    update = {k: opt[k] for k in CLUSTER_KEYS if k in opt}
+    try:
+        return ClusterSection.model_validate({**base.model_dump(), **update, "num_gpus": n})
+    except ValidationError as e:
+        first = e.errors()[0]
+        key = ".".join(str(x) for x in first["loc"])
+        where = f"sweep.options[{i}].{key}" if key in update else f"cluster.{key}"
+        raise ConfigError(f"{where}: {first['input']!r}: {first['msg']}") from e
+
+
 def _contexts(scenario: Scenario) -> list[Context]:
     sizes = _gpu_counts(
         scenario.sweep.get("world_size", [scenario.cluster.num_gpus]), "sweep.world_size"
     )
+    options = _options(scenario)
+    named = "options" in scenario.sweep
     out: list[Context] = []
-    for opt in _options(scenario):
-        base = scenario.cluster.model_dump()
-        cluster = {k: opt.get(k, base[k]) for k in ("gpu", "server", "network")}
-        cluster |= {k: opt[k] for k in ("gpus_per_node", "nics_per_node") if k in opt}
-        name = str(opt.get("id", cluster["gpu"]))
-        for n in opt.get("num_gpus", sizes):
-            section = scenario.cluster.model_copy(update={**cluster, "num_gpus": int(n)})
-            inputs = resolve(scenario.model_copy(update={"cluster": section}))
+    for i, (name, opt) in enumerate(options):
+        for n in _gpu_counts(opt["num_gpus"], "") if "num_gpus" in opt else sizes:
+            section = _section(scenario.cluster, opt, i, n)
+            try:
+                inputs = resolve(scenario.model_copy(update={"cluster": section}))
+            except ConfigError as e:
+                if not named or not str(e).startswith("cluster"):
+                    raise  # the model's errors are not the option's
+                raise ConfigError(f"sweep.options[{i}] ({name}, {n} GPUs): {e}") from e
             out.append(
                 Context(
                     id=f"{name}@{n}",

@@ -94,10 +94,10 @@ def test_space_layouts_are_valid_and_distinct() -> None:
     [
         ("sweep.world_size=[0]", "sweep.world_size: 0 is not a positive whole number"),
         ("sweep.world_size=[1.5]", "sweep.world_size: 1.5 is not a positive whole number"),
-        ("sweep.train_tokens=[-5]", "sweep.train_tokens: -5; give a positive number"),
+        ("sweep.train_tokens=[-5]", "sweep.train_tokens: -5; give a finite positive number"),
         ("sweep.train_tokens=[1e9, 2e9]", "give one token budget"),
         ("sweep.options=[{num_gpus = [0]}]", r"sweep.options\[0\].num_gpus: 0"),
-        ("sweep.options=[{price_per_gpu_hour = -1}]", r"price_per_gpu_hour: -1; give a number"),
+        ("sweep.options=[{price_per_gpu_hour = -1}]", r"price_per_gpu_hour: -1; give a finite"),
     ],
 )
 def test_bad_sweep_values_are_config_errors(override: str, message: str) -> None:
