@@ -6,9 +6,10 @@ candidates); ``status`` is ``ok``, ``infeasible`` (valid but does not fit; ``rea
 why) or ``error`` (an unexpected exception; ``reason`` holds the traceback's last line and
 ``error`` the traceback). Rows are appended to ``progress.jsonl`` as they arrive; a rerun reads
 it back (a torn last line from an interrupt is dropped) and skips what is there, unless other
-code wrote it (``progress.meta.json`` holds the code's fingerprint). The final
-``rows.jsonl`` and ``rows.parquet`` (``rows.csv`` without pyarrow) hold one row per layout,
-the simulated row where there is one, sorted by ``key``.
+code or other inputs wrote it (``progress.meta.json`` holds their fingerprint; an unreadable
+one also starts afresh). The final ``rows.jsonl`` and ``rows.parquet`` (``rows.csv`` without
+pyarrow) hold one row per layout, the simulated row where there is one, sorted by ``key``;
+they are written whole or not at all, and no row holds NaN or an infinity (JSON has neither).
 """
 
 from __future__ import annotations
@@ -16,9 +17,13 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import math
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from simulator.errors import ConfigError
 
 Row = dict[str, Any]
 
@@ -96,16 +101,40 @@ def add_training_cost(row: Row) -> Row:
 
 
 def read_jsonl(path: Path) -> list[Row]:
-    """Rows of a JSONL file; a torn last line (interrupted write) is ignored."""
-    if not path.exists():
+    """The JSON-object lines of a file; any other line (a line torn by an interrupted write,
+    bytes that are not UTF-8, a value that is not an object) is skipped."""
+    if not path.is_file():
         return []
     rows = []
-    for line in path.read_text().splitlines():
+    for line in path.read_bytes().splitlines():
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
+            row = json.loads(line.decode())
+        except (UnicodeDecodeError, json.JSONDecodeError):
             continue
+        if isinstance(row, dict):
+            rows.append(row)
     return rows
+
+
+def dumps_row(row: Row) -> str:
+    """One JSON line; NaN and infinity are refused (`finite_problem` keeps them out of rows)."""
+    return json.dumps(row, allow_nan=False) + "\n"
+
+
+def finite_problem(row: Row) -> str | None:
+    """The first column holding NaN or an infinity (JSON has neither), or None."""
+    for k, v in row.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            return f"{k} = {v}"
+    return None
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write a whole file or nothing: a temporary file beside it, then renamed over it, so an
+    interrupt never leaves a half-written one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 PROGRESS_META = "progress.meta.json"
@@ -131,21 +160,20 @@ class ProgressLog:
 
     def __init__(self, out_dir: Path, fingerprint: str = "") -> None:
         """Open (creating) the log; drop a torn last line so appends start on a clean line.
-        A log written under another ``fingerprint`` (`code_fingerprint`) is started afresh, and
-        ``stale`` says so."""
+        A log written under another ``fingerprint`` (`code_fingerprint`), or whose
+        ``progress.meta.json`` cannot be read, is started afresh, and ``stale`` says so."""
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / PROGRESS
         meta = out_dir / PROGRESS_META
-        old = json.loads(meta.read_text()).get("fingerprint") if meta.is_file() else None
-        self.stale = self.path.exists() and old != fingerprint
+        self.stale = self.path.exists() and _logged_fingerprint(meta) != fingerprint
         if self.stale:
             self.path.unlink()
-        meta.write_text(json.dumps({"fingerprint": fingerprint}) + "\n")
-        rows = read_jsonl(self.path)
+        write_text_atomic(meta, json.dumps({"fingerprint": fingerprint}) + "\n")
+        rows = [r for r in read_jsonl(self.path) if _is_logged_row(r)]
         self.done: dict[tuple[str, str], Row] = {(r["key"], r["tier"]): r for r in rows}
-        text = "".join(json.dumps(r) + "\n" for r in self.done.values())
-        if not self.path.exists() or self.path.read_text() != text:
-            self.path.write_text(text)
+        text = "".join(dumps_row(r) for r in self.done.values())
+        if not self.path.exists() or self.path.read_bytes() != text.encode():
+            write_text_atomic(self.path, text)
 
     def has(self, key: str, tier: str) -> bool:
         """True when this layout's row of this tier is already in the log."""
@@ -156,7 +184,7 @@ class ProgressLog:
         new = [r for r in rows if (r["key"], r["tier"]) not in self.done]
         with self.path.open("a") as f:
             for r in new:
-                f.write(json.dumps(r) + "\n")
+                f.write(dumps_row(r))
                 self.done[(r["key"], r["tier"])] = r
             f.flush()
 
@@ -165,35 +193,96 @@ class ProgressLog:
         return sorted((r for (_, t), r in self.done.items() if t == tier), key=lambda r: r["key"])
 
 
-def final_rows(log: ProgressLog) -> list[Row]:
-    """One row per layout: the simulated one where it exists, else the screen's; by key."""
-    merged = {r["key"]: r for r in log.rows("screen")}
+def _logged_fingerprint(meta: Path) -> str | None:
+    """The fingerprint noted in ``progress.meta.json``; None when missing or unreadable."""
+    try:
+        noted = json.loads(meta.read_bytes().decode())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return noted.get("fingerprint") if isinstance(noted, dict) else None
+
+
+def _is_logged_row(row: Row) -> bool:
+    """A row the log can index (a foreign line without a string key and tier is dropped)."""
+    return isinstance(row.get("key"), str) and row.get("tier") in ("screen", "simulate")
+
+
+def final_rows(
+    log: ProgressLog, screened: Iterable[str] | None = None, simulated: Iterable[str] | None = None
+) -> list[Row]:
+    """One row per layout: the simulated one where it exists, else the screen's; by key.
+    ``screened`` and ``simulated`` (keys) keep only this sweep's layouts and candidates, so
+    rows a rerun with other settings left in the log (a larger ``--candidates``) do not count."""
+    keep_screen = None if screened is None else set(screened)
+    keep_sim = None if simulated is None else set(simulated)
+    merged = {
+        r["key"]: r for r in log.rows("screen") if keep_screen is None or r["key"] in keep_screen
+    }
     for r in log.rows("simulate"):
-        screened = merged.get(r["key"], {})
-        merged[r["key"]] = r | {k: screened[k] for k in SCREEN_COLUMNS if k in screened}
+        if keep_sim is not None and r["key"] not in keep_sim:
+            continue
+        screened_row = merged.get(r["key"], {})
+        merged[r["key"]] = r | {k: screened_row[k] for k in SCREEN_COLUMNS if k in screened_row}
     return [merged[k] for k in sorted(merged)]
 
 
 def write_rows(rows: list[Row], out_dir: Path) -> list[Path]:
-    """Write ``rows.jsonl`` and ``rows.parquet`` (or ``rows.csv`` without pyarrow)."""
+    """Write ``rows.jsonl`` and ``rows.parquet`` (or ``rows.csv`` without pyarrow), each whole
+    or not at all."""
     import pandas as pd
 
     jsonl = out_dir / "rows.jsonl"
-    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_text_atomic(jsonl, "".join(dumps_row(r) for r in rows))
     frame = pd.DataFrame(rows, columns=list(COLUMNS)).drop(columns=["error"])
-    if importlib.util.find_spec("pyarrow") is not None:
-        table = out_dir / "rows.parquet"
-        frame.to_parquet(table, index=False)
+    parquet = importlib.util.find_spec("pyarrow") is not None
+    table = out_dir / ("rows.parquet" if parquet else "rows.csv")
+    tmp = table.with_name(f".{table.name}.tmp")
+    if parquet:
+        frame.to_parquet(tmp, index=False)
     else:
-        table = out_dir / "rows.csv"
-        frame.to_csv(table, index=False)
+        frame.to_csv(tmp, index=False)
+    os.replace(tmp, table)
     return [jsonl, table]
 
 
+TIERS = ("screen", "simulate")
+STATUSES = ("ok", "infeasible", "error")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
 def load_rows(out_dir: Path) -> list[Row]:
-    """The final rows of a sweep directory (``rows.jsonl``), for plots and reports."""
+    """The final rows of a sweep directory (``rows.jsonl``), for plots and reports. Anything
+    but `tilesim sweep` rows (another file, bytes that are not UTF-8 JSON, a line without the
+    row columns, NaN) is a `ConfigError` naming the file and line."""
     path = out_dir / "rows.jsonl" if out_dir.is_dir() else out_dir
-    rows = read_jsonl(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no rows (run `tilesim sweep` first)")
+    if not path.is_file():
+        raise ConfigError(f"{path}: not a file; give a sweep folder or its rows.jsonl")
+    fix = "give a folder written by `tilesim sweep` (or rerun the sweep)"
+    try:
+        lines = path.read_bytes().decode().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read it as UTF-8 JSON lines ({e}); {fix}") from None
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line, parse_constant=_refuse_constant)
+        except ValueError as e:
+            raise ConfigError(f"{path}:{n}: not a JSON row ({e}); {fix}") from None
+        missing = [c for c in COLUMNS if c not in row] if isinstance(row, dict) else None
+        if missing is None or missing:
+            what = f"lacks {', '.join(missing[:3])}" if missing else "is not a JSON object"
+            raise ConfigError(f"{path}:{n}: not a sweep row ({what}); {fix}")
+        if row["tier"] not in TIERS or row["status"] not in STATUSES:
+            bad = f"tier {row['tier']!r}, status {row['status']!r}"
+            raise ConfigError(f"{path}:{n}: not a sweep row ({bad}); {fix}")
+        rows.append(row)
     if not rows:
         raise FileNotFoundError(f"{path}: no rows (run `tilesim sweep` first)")
     return rows

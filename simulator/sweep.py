@@ -11,7 +11,7 @@ their kernel tables, computed once in the driver) are sent once with ``ray.put``
 once per worker (`_ray_chunk`); rows come back as plain pickle bytes. A task whose
 worker dies is retried by Ray (``max_retries``); if it still fails, its layouts become
 ``error`` rows. An exception inside one layout becomes that layout's ``error`` row (with the
-traceback) and the others go on.
+traceback) and the others go on; so does a result of NaN or infinity (JSON has neither).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any, Literal
 from forecast.predict import LatencyTable
 from simulator.errors import ConfigError, InfeasibleConfig
 from simulator.parallel import RunConfig
-from simulator.rows import Row, add_training_cost, blank_row
+from simulator.rows import Row, add_training_cost, blank_row, finite_problem
 from simulator.screen import ScreenCache, screen
 from simulator.simulate import latency_table, simulate
 from simulator.space import Context, Point, Space
@@ -184,6 +184,10 @@ def evaluate_chunk(tier: Tier, points: Sequence[Point], shared: Shared) -> list[
         except Exception as e:
             row.update(status="error", reason=f"{type(e).__name__}: {e}")
             row["error"] = traceback.format_exc()
+        bad = finite_problem(row)
+        if bad is not None:  # JSON has no NaN: this layout fails, the others go on
+            row = layout_row(shared, p, tier)
+            row.update(status="error", reason=f"non-finite result: {bad}")
         rows.append(row)
     return rows
 
@@ -298,6 +302,7 @@ def _ray_init(opts: RayOptions) -> bool:
         "log_to_driver": False,
     }
     if opts.address:
+        check_address(opts.address)
         _check_reachable(opts.address)
         try:
             ray.init(address=opts.address, **common)
@@ -314,6 +319,26 @@ def _ray_init(opts: RayOptions) -> bool:
         # machine has started (`ray start`), and refuses num_cpus there.
         ray.init(address="local", num_cpus=opts.workers, **common)
     return True
+
+
+ADDRESS_FORMS = "HOST:PORT (a Ray head), auto (the cluster on this machine) or ray://HOST[:PORT]"
+
+
+def check_address(address: str) -> None:
+    """Refuse, before any work, an ``--address`` that is none of `ADDRESS_FORMS` (Ray raised
+    a ValueError traceback for ``nonsense`` or ``localhost:abc``)."""
+    if address == "auto":
+        return
+    client = address.startswith("ray://")
+    rest = address.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    if client and not sep:  # a Ray client address may leave out its port
+        host, sep, port = rest, ":", "10001"
+    number = port.isascii() and port.isdigit() and 0 < int(port) < 65536
+    if not (sep and host and number) or any(c.isspace() or c in "/@" for c in rest):
+        raise ConfigError(
+            f"--address {address!r}: give {ADDRESS_FORMS}, or leave it out for a local Ray"
+        )
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:

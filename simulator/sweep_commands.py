@@ -3,7 +3,12 @@
 The sweep: enumerate the ``[sweep]`` space, screen every layout in closed form, simulate the
 best candidates with the execution graph, then write rows, the resolved scenario, the report
 and the figures to the output directory. Rows are logged as they arrive, so rerunning an
-interrupted command resumes it. Exit codes: 0 ok, 1 no feasible layout or failed layouts.
+interrupted command resumes it (Ctrl-C at any point prints one line and exits 130). A rerun into
+the same folder resumes only rows of the same code, scenario and input files (the bytes of every
+GPU, server, network and model file the scenario names); rows of other ``--candidates`` or
+``--per-context`` settings stay in the log but only this run's candidates are reported, so the
+same command gives the same rows whatever the folder held. Exit codes: 0 ok, 1 no feasible
+layout or failed layouts, 2 bad input, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +26,17 @@ from tqdm import tqdm
 
 from simulator.errors import ConfigError, InfeasibleConfig, at_least
 from simulator.report import RANKINGS, markdown_report, top_table
-from simulator.rows import ProgressLog, Row, code_fingerprint, final_rows, load_rows, write_rows
+from simulator.rows import (
+    PROGRESS,
+    PROGRESS_META,
+    ProgressLog,
+    Row,
+    code_fingerprint,
+    final_rows,
+    load_rows,
+    write_rows,
+    write_text_atomic,
+)
 from simulator.scenario import Scenario, load_scenario
 from simulator.space import Point, Space, enumerate_space, find_scenario
 from simulator.sweep import (
@@ -32,6 +48,7 @@ from simulator.sweep import (
     Tier,
     build_shared,
     candidate_points,
+    check_address,
     chunk_size,
     ray_session,
     run_sweep,
@@ -42,8 +59,10 @@ def add_sweep_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     """Register ``sweep`` and ``plot``."""
     p = sub.add_parser("sweep", help="search the parallel layouts of a scenario (Ray or serial)")
     p.add_argument("scenario", help="shipped id (scenarios/*.toml stem, _ as -) or TOML path")
-    p.add_argument("--out", type=Path, help="output dir (default results/<study>/<hash>/)")
-    p.add_argument("--address", help="join a Ray cluster: auto or HOST:PORT (default: local)")
+    p.add_argument("--out", help="output dir (default results/<study>/<hash>/)")
+    p.add_argument(
+        "--address", help="join a Ray cluster: HOST:PORT, auto or ray://HOST:PORT (default: local)"
+    )
     p.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="local Ray CPUs")
     p.add_argument("--serial", action="store_true", help="no Ray; identical rows")
     p.add_argument("--top", type=int, default=10, help="rows in the printed ranking")
@@ -58,7 +77,7 @@ def add_sweep_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_sweep)
     p = sub.add_parser("plot", help="redraw a sweep's figures from its rows alone")
-    p.add_argument("dir", type=Path, help="sweep output directory (holding rows.jsonl)")
+    p.add_argument("dir", help="sweep output directory (holding rows.jsonl)")
     p.add_argument("--rank", default="tokens", choices=sorted(RANKINGS), help="ranking")
     p.set_defaults(handler=_plot)
 
@@ -69,8 +88,41 @@ def _digest(scenario: Scenario) -> str:
     return hashlib.sha256(json.dumps(dump, sort_keys=True).encode()).hexdigest()[:10]
 
 
+def _slug(name: str) -> str:
+    """``name`` as one safe folder name: no separators, no leading dots (``../../x`` is ``x``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip(".-") or "study"
+
+
 def _out_dir(scenario: Scenario) -> Path:
-    return Path("results") / scenario.study.name / _digest(scenario)
+    return Path("results") / _slug(scenario.study.name) / _digest(scenario)
+
+
+def _input_files(scenario: Scenario) -> list[Path]:
+    """The files (not catalog ids) the scenario's GPU, server, network and model keys name."""
+    names: list[object] = [scenario.cluster.gpu, scenario.cluster.server, scenario.cluster.network]
+    for opt in scenario.sweep.get("options") or []:
+        if isinstance(opt, dict):
+            names += [opt.get(k) for k in ("gpu", "server", "network")]
+    m = scenario.model
+    names.append(m.id)
+    if m.hf_config is not None:
+        hf = Path(m.hf_config)
+        names.append(hf if hf.is_absolute() else Path(scenario.base_dir) / hf)
+    paths = {Path(n) for n in names if isinstance(n, str | Path) and str(n)}
+    return sorted(p for p in paths if p.suffix in (".toml", ".json") and p.is_file())
+
+
+def _inputs_digest(scenario: Scenario, space: Space) -> str:
+    """A short hash of what the scenario reads besides itself: the bytes of its input files
+    (a GPU TOML edited between two runs must not resume the old rows) and the resolved GPU,
+    model and cluster of every context (which also covers files those name in turn)."""
+    h = hashlib.sha256()
+    for path in _input_files(scenario):
+        h.update(str(path.resolve()).encode() + b"\0" + path.read_bytes())
+    for c in space.contexts:
+        for spec in (c.inputs.gpu, c.inputs.model, c.inputs.cluster.spec):
+            h.update(json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode())
+    return h.hexdigest()[:10]
 
 
 def _write_resolved(scenario: Scenario, space: Space, out: Path) -> None:
@@ -93,13 +145,14 @@ def _write_resolved(scenario: Scenario, space: Space, out: Path) -> None:
         "layouts": len(space.points),
         "pruned": space.pruned,
     }
-    (out / "scenario.resolved.json").write_text(json.dumps(resolved, indent=1) + "\n")
+    text = json.dumps(resolved, indent=1, allow_nan=False) + "\n"
+    write_text_atomic(out / "scenario.resolved.json", text)
 
 
 def _tier(
     args: argparse.Namespace, log: ProgressLog, tier: Tier, points: Sequence[Point], shared: Shared
 ) -> list[Row]:
-    """Run one tier over the layouts not yet in the log; return all rows of the tier."""
+    """Run one tier over the layouts not yet in the log; return the tier's rows of ``points``."""
     keys = [p.key(shared.contexts[p.context].id) for p in points]
     todo = [p for p, k in zip(points, keys, strict=True) if not log.has(k, tier)]
     executor: Executor = "serial" if args.serial else "ray"
@@ -122,10 +175,11 @@ def _tier(
         tier, todo, shared, executor=executor, chunk_size=chunk, on_rows=on_rows, ray_options=opts
     )
     bar.close()
-    return log.rows(tier)
+    wanted = set(keys)  # the log may also hold rows of a rerun with other settings
+    return [r for r in log.rows(tier) if r["key"] in wanted]
 
 
-def _sweep(args: argparse.Namespace) -> int:
+def _check_args(args: argparse.Namespace) -> None:
     at_least("--workers", args.workers, 1)
     at_least("--top", args.top, 1)
     at_least("--candidates", args.candidates, 0)
@@ -135,40 +189,82 @@ def _sweep(args: argparse.Namespace) -> int:
             "--candidates 0 --per-context 0: no layout would be simulated and ranked; "
             "give --candidates 1 or more"
         )
-    scenario = load_scenario(find_scenario(args.scenario), overrides=tuple(args.overrides))
-    space = enumerate_space(scenario)
-    if not space.points:
-        raise InfeasibleConfig(f"no valid layout in the sweep ({space.pruned} pruned)")
-    _check_ranking(args.rank, space)
-    out = args.out or _out_dir(scenario)
-    _check_out(out)
-    shared = build_shared(space, scenario.run)
-    executor: Executor = "serial" if args.serial else "ray"
+    if args.out is not None and not args.out.strip():
+        raise ConfigError("--out '': an empty path; give a folder, e.g. --out results/mine")
+    if args.address is not None:
+        check_address(args.address)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    out: Path | None = None
     try:
-        # Ray first: a cluster that cannot be joined leaves nothing written.
-        with ray_session(executor, RayOptions(workers=args.workers, address=args.address)):
-            try:
-                # rows are resumed only for the same code and the same scenario
-                log = ProgressLog(out, f"{code_fingerprint()}-{_digest(scenario)}")
-            except OSError as e:  # what `_check_out` cannot foresee (root, /proc, a full disk)
-                raise ConfigError(f"--out {out}: {e.strerror}; give another path") from None
-            if log.stale:
-                stale = (
-                    f"tilesim: {out} holds rows of another scenario or other tilesim code; "
-                    "starting afresh"
-                )
-                print(stale, file=sys.stderr)
-            _write_resolved(scenario, space, out)
-            screened = _tier(args, log, "screen", space.points, shared)
-            top, per_context = args.candidates, args.per_context
-            chosen = candidate_points(
-                space.points, screened, shared, top=top, per_context=per_context
-            )
-            _tier(args, log, "simulate", chosen, shared)
+        _check_args(args)
+        scenario = load_scenario(find_scenario(args.scenario), overrides=tuple(args.overrides))
+        space = enumerate_space(scenario)
+        if not space.points:
+            raise InfeasibleConfig(f"no valid layout in the sweep ({space.pruned} pruned)")
+        _check_ranking(args.rank, space)
+        target = Path(args.out) if args.out is not None else _out_dir(scenario)
+        _check_out(target)
+        shared = build_shared(space, scenario.run)
+        # rows are resumed only for the same code, scenario and input files
+        fingerprint = f"{code_fingerprint()}-{_digest(scenario)}-{_inputs_digest(scenario, space)}"
+        out = target
+        log, chosen = _run(args, space, shared, out, fingerprint, scenario)
+        return _finish(args, scenario, space, log, chosen, out)
     except KeyboardInterrupt:
-        print(f"tilesim: interrupted; rerun the same command to resume ({out})", file=sys.stderr)
+        if out is None:
+            print("tilesim: interrupted before the sweep started; nothing written", file=sys.stderr)
+        else:
+            msg = f"tilesim: interrupted; rerun the same command to resume ({out})"
+            print(msg, file=sys.stderr)
         return 130
-    return _finish(args, scenario, space, log, out)
+
+
+def _run(
+    args: argparse.Namespace,
+    space: Space,
+    shared: Shared,
+    out: Path,
+    fingerprint: str,
+    scenario: Scenario,
+) -> tuple[ProgressLog, list[Point]]:
+    """Screen every layout and simulate the candidates, logging rows as they arrive."""
+    executor: Executor = "serial" if args.serial else "ray"
+    # Ray first: a cluster that cannot be joined leaves nothing written.
+    with ray_session(executor, RayOptions(workers=args.workers, address=args.address)):
+        try:
+            log = ProgressLog(out, fingerprint)
+        except OSError as e:  # what `_check_out` cannot foresee (root, /proc, a full disk)
+            raise ConfigError(f"--out {out}: {e.strerror}; give another path") from None
+        if log.stale:
+            stale = (
+                f"tilesim: {out} holds rows of another scenario, other input files or other "
+                "tilesim code (or an unreadable progress.meta.json); starting afresh"
+            )
+            print(stale, file=sys.stderr)
+        _write_resolved(scenario, space, out)
+        screened = _tier(args, log, "screen", space.points, shared)
+        top, per_context = args.candidates, args.per_context
+        chosen = candidate_points(space.points, screened, shared, top=top, per_context=per_context)
+        _tier(args, log, "simulate", chosen, shared)
+    return log, chosen
+
+
+FIGURES = ("top_layouts", "pareto", "scaling", "procurement")  # `plots.PLOTS` (a test checks)
+OUTPUTS = (
+    *(PROGRESS, PROGRESS_META, "scenario.resolved.json", "report.md"),
+    *("rows.jsonl", "rows.parquet", "rows.csv", *(f"{f}.png" for f in FIGURES)),
+)
+
+
+def _check_files(out: Path, names: Sequence[str], where: str) -> None:
+    """Refuse a folder (or anything but a file) where the command will write one of ``names``
+    (it failed only after the whole sweep had run)."""
+    for name in names:
+        path = out / name
+        if (path.exists() or path.is_symlink()) and not path.is_file():
+            raise ConfigError(f"{where}: {path} is not a file (a folder?); remove it")
 
 
 def _check_out(out: Path) -> None:
@@ -181,6 +277,7 @@ def _check_out(out: Path) -> None:
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"--out {out}: {parent} is not a writable folder; give another path")
+    _check_files(out, OUTPUTS, f"--out {out}")
 
 
 def _check_ranking(by: str, space: Space) -> None:
@@ -196,14 +293,22 @@ def _check_ranking(by: str, space: Space) -> None:
 
 
 def _finish(
-    args: argparse.Namespace, scenario: Scenario, space: Space, log: ProgressLog, out: Path
+    args: argparse.Namespace,
+    scenario: Scenario,
+    space: Space,
+    log: ProgressLog,
+    chosen: Sequence[Point],
+    out: Path,
 ) -> int:
-    rows = final_rows(log)
+    def keys(points: Sequence[Point]) -> list[str]:
+        return [p.key(space.contexts[p.context].id) for p in points]
+
+    rows = final_rows(log, screened=keys(space.points), simulated=keys(chosen))
     written = write_rows(rows, out)
     report = markdown_report(
         rows, title=scenario.study.name, pruned=space.pruned, k=args.top, by=args.rank
     )
-    (out / "report.md").write_text(report)
+    write_text_atomic(out / "report.md", report)
     from simulator.plots import plot_all  # matplotlib only when figures are drawn
 
     figures = plot_all(rows, out, by=args.rank)
@@ -219,8 +324,12 @@ def _finish(
 
 
 def _plot(args: argparse.Namespace) -> int:
-    rows = load_rows(args.dir)
-    out = args.dir if args.dir.is_dir() else args.dir.parent
+    if not args.dir.strip():
+        raise ConfigError("plot '': an empty path; give a sweep folder (holding rows.jsonl)")
+    path = Path(args.dir)
+    rows = load_rows(path)
+    out = path if path.is_dir() else path.parent
+    _check_files(out, [f"{f}.png" for f in FIGURES], f"plot {args.dir}")
     from simulator.plots import plot_all
 
     for path in plot_all(rows, out, by=args.rank):
