@@ -178,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; return the exit code (0 ok, 1 infeasible, 2 bad input)."""
+    """Run one command; return the exit code (0 ok, 1 infeasible, 2 bad input, 130
+    interrupted)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
@@ -190,6 +191,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InfeasibleConfig as e:
         print(f"tilesim: infeasible: {e.reason}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C in any command (the sweep says more about resuming)
+        print("tilesim: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # output piped into `head`: stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -222,8 +222,14 @@ def _section(base: ClusterSection, opt: dict[str, Any], i: int, n: int) -> Clust
     """``[cluster]`` with an option's keys and ``n`` GPUs, validated by the same rules as
     ``[cluster]`` (a copy with updates would skip them: gpus_per_node = 0 divided by zero)."""
     update = {k: opt[k] for k in CLUSTER_KEYS if k in opt}
+    merged = {**base.model_dump(), **update, "num_gpus": n}
+    if update.get("server", base.server) != base.server:
+        # another server brings its own GPUs and NICs per node; [cluster]'s were for its own
+        for k in ("gpus_per_node", "nics_per_node"):
+            if k not in update:
+                merged[k] = None
     try:
-        return ClusterSection.model_validate({**base.model_dump(), **update, "num_gpus": n})
+        return ClusterSection.model_validate(merged)
     except ValidationError as e:
         first = e.errors()[0]
         key = ".".join(str(x) for x in first["loc"])

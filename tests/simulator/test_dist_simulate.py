@@ -138,6 +138,17 @@ def test_cli_simulate_json_and_trace(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert any(e["ph"] == "X" and e["cat"] == "compute" for e in events)
 
 
+def test_ctrl_c_in_a_command_is_one_line_exit_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("simulator.simulate_commands.simulate_timeline", interrupted)
+    assert main(["simulate", str(TINY)]) == 130
+    assert capsys.readouterr().err == "tilesim: interrupted\n"
+
+
 def test_cli_bad_key_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", str(TINY), "--set", "run.tpp=2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

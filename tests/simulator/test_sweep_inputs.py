@@ -377,3 +377,15 @@ def test_a_non_finite_result_fails_only_its_layout() -> None:
     assert any(r["status"] == "ok" for r in rows)
     for r in rows:
         json.dumps(r, allow_nan=False)
+
+
+def test_an_option_on_another_server_takes_that_servers_node_shape() -> None:
+    # tiny's [cluster] runs dgx-a100 with gpus_per_node = 4; an option on dgx-h100 (8 per node)
+    # inherited the 4 before
+    opts = '[{id = "h", gpu = "h100-sxm5-80gb", server = "dgx-h100"}, {id = "a"}]'
+    scenario = load_scenario(TINY, overrides=(f"sweep.options={opts}",))
+    per_node = {
+        c.option: c.inputs.cluster.spec.server.gpus_per_node
+        for c in enumerate_space(scenario).contexts
+    }
+    assert per_node == {"h": 8, "a": 4}
