@@ -24,7 +24,7 @@ import numpy as np
 import forecast
 from forecast.gpus import load_gpu
 from forecast.kernels import Dtype, KernelSpec, OpFamily
-from forecast.tensor_core import F64, TCParams, TensorCoreModel, save_params
+from forecast.tensor_core import F64, TCParams, TensorCoreError, TensorCoreModel, save_params
 
 DEFAULT_DATA_DIR = Path(forecast.__file__).resolve().parents[2] / "shared" / "data" / "hardware"
 BLIND_GPU = "h100"  # never calibrated on, tuned to or reported as validation
@@ -127,7 +127,15 @@ def calibrate(
 ) -> TCParams:
     """Fit the constants on every non-H100 GPU of microbenchmarks.json but ``holdout``."""
     cases, hbm = benchmark_cases(data_dir)
+    measured = sorted({c.gpu_id for c in cases})
+    if holdout is not None and holdout not in measured:
+        raise TensorCoreError(
+            f"holdout {holdout!r}: no measurements of it; hold out one of "
+            f"{', '.join(measured)}, or 'none'"
+        )
     used = [c for c in cases if c.gpu_id != holdout]
+    if not used:
+        raise TensorCoreError(f"holdout {holdout!r} leaves nothing to calibrate on; use 'none'")
     gpus = sorted({c.gpu_id for c in used})
     params = TCParams(
         hbm_efficiency=float(np.mean([hbm[g] for g in gpus if g in hbm] or [0.85])),

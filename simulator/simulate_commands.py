@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import typing
 from pathlib import Path
 
 from forecast.report import update_readme
@@ -20,7 +21,7 @@ from simulator.dist_validate import (
 )
 from simulator.errors import ConfigError
 from simulator.models import DEFAULT_DATA_DIR
-from simulator.scenario import load_scenario, resolve
+from simulator.scenario import TrainingSection, load_scenario, resolve
 from simulator.simulate import latency_table, layout_of, simulate_timeline
 from simulator.trace import write_trace
 
@@ -45,7 +46,12 @@ def add_simulate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
 def add_validate_distributed(vs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``validate distributed`` under the ``validate`` subcommand."""
     d = vs.add_parser("distributed", help="distributed step vs A100 4-GPU labels, published runs")
-    d.add_argument("--latency-model", default="auto", help="auto | roofline-derated | ...")
+    d.add_argument(
+        "--latency-model",
+        default="auto",
+        choices=typing.get_args(TrainingSection.model_fields["latency_model"].annotation),
+        help="kernel forecaster (as a scenario's training.latency_model)",
+    )
     d.add_argument("--labels-only", action="store_true", help="skip the published runs")
     d.add_argument("--readme", type=Path, default=None, help="rewrite the README's table")
     d.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="NeuSight data folder")

@@ -125,3 +125,11 @@ def test_cli_predict_gemm_fp8_json(capsys: pytest.CaptureFixture[str]) -> None:
     out = json.loads(capsys.readouterr().out)
     assert out["tflops"] == pytest.approx(2 * 8192**3 / out["latency_s"] / 1e12)
     assert 0 < out["tflops"] < 1979
+
+
+@needs_data
+def test_an_unknown_holdout_is_refused_not_ignored(capsys: pytest.CaptureFixture[str]) -> None:
+    # 'foo' calibrated on every GPU and reported no held-out row
+    assert main(["kernels", "tc-calibrate", "--holdout", "foo"]) == 2
+    err = capsys.readouterr().err
+    assert "holdout 'foo'" in err and "h200-sxm-141gb" in err and err.count("\n") == 1
