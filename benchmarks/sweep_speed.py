@@ -26,16 +26,9 @@ from simulator.rows import Row
 from simulator.scenario import load_scenario
 from simulator.simulate import clear_graph_caches
 from simulator.space import Point, enumerate_space, find_scenario
-from simulator.sweep import (
-    Executor,
-    RayOptions,
-    Shared,
-    build_shared,
-    candidate_points,
-    chunk_size,
-    ray_session,
-    run_sweep,
-)
+from simulator.sweep import Executor, RayOptions, ray_session, run_sweep
+from simulator.sweep_chunks import chunk_size
+from simulator.sweep_eval import Shared, build_shared, candidate_points
 
 # GPT-3 175B on 256..4096 H100s: a wide grid (about 100k raw combinations per size).
 WIDE = (

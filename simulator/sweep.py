@@ -20,253 +20,19 @@ import logging
 import os
 import pickle
 import socket
-import traceback
-import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from forecast.predict import LatencyTable
-from simulator.errors import ConfigError, InfeasibleConfig
-from simulator.parallel import RunConfig
-from simulator.rows import Row, add_training_cost, blank_row, finite_problem
-from simulator.screen import ScreenCache, screen
-from simulator.simulate import latency_table, simulate
-from simulator.space import Context, Point, Space
+from simulator.errors import ConfigError
+from simulator.rows import Row
+from simulator.space import Point
+from simulator.sweep_chunks import plain_chunks, simulate_chunks
+from simulator.sweep_eval import Shared, Tier, evaluate_chunk, layout_row
 
-Tier = Literal["screen", "simulate"]
 Executor = Literal["serial", "ray"]
 MAX_RETRIES = 3
-
-
-@dataclass(frozen=True)
-class Shared:
-    """What every chunk needs: contexts, one kernel table per context, the base run."""
-
-    contexts: tuple[Context, ...]
-    tables: tuple[LatencyTable, ...]
-    base_run: RunConfig
-    train_tokens: float | None
-    # This sweep's identity in a worker's screen caches (`screen_cache`); not part of any row.
-    token: str = field(default_factory=lambda: uuid.uuid4().hex)
-
-
-def build_shared(space: Space, base_run: RunConfig) -> Shared:
-    """Forecast each GPU's kernels once (one representative run per shard shape)."""
-    by_gpu: dict[str, dict[tuple[Any, ...], RunConfig]] = {}
-    for p in space.points:
-        run = p.run(base_run)
-        key = (run.tp, run.cp, run.ep, run.micro_batch_size, run.sequence_parallel)
-        by_gpu.setdefault(space.contexts[p.context].inputs.gpu.name, {})[key] = run
-    tables: dict[str, LatencyTable] = {}
-    for ctx in space.contexts:
-        name = ctx.inputs.gpu.name
-        if name not in tables:
-            tables[name] = latency_table(ctx.inputs, list(by_gpu.get(name, {}).values()))
-    return Shared(
-        contexts=space.contexts,
-        tables=tuple(tables[c.inputs.gpu.name] for c in space.contexts),
-        base_run=base_run,
-        train_tokens=space.train_tokens,
-    )
-
-
-TOP_CANDIDATES = 48  # `tilesim sweep --candidates`
-PER_CONTEXT = 2  # `tilesim sweep --per-context`
-
-
-def candidate_points(
-    points: Sequence[Point],
-    rows: Sequence[Row],
-    shared: Shared,
-    *,
-    top: int = TOP_CANDIDATES,
-    per_context: int = PER_CONTEXT,
-) -> list[Point]:
-    """The layouts among ``points`` that `select_candidates` picks from the screened ``rows``."""
-    keys = set(select_candidates(rows, top=top, per_context=per_context))
-    return [p for p in points if p.key(shared.contexts[p.context].id) in keys]
-
-
-def select_candidates(rows: Sequence[Row], *, top: int, per_context: int) -> list[str]:
-    """Keys to simulate: the ``top`` fitting layouts by screen tokens/s, plus the best
-    ``per_context`` of every context (so scaling and procurement have a simulated best)."""
-    ok = [r for r in rows if r["status"] == "ok"]
-    ok.sort(key=lambda r: (-r["screen_tokens_per_s"], r["key"]))
-    keys = [r["key"] for r in ok[:top]]
-    seen: dict[str, int] = {}
-    for r in ok:
-        if seen.get(r["context"], 0) < per_context:
-            seen[r["context"]] = seen.get(r["context"], 0) + 1
-            keys.append(r["key"])
-    return sorted(set(keys))
-
-
-def layout_row(shared: Shared, p: Point, tier: Tier) -> Row:
-    """The layout columns of a row (no results yet)."""
-    ctx = shared.contexts[p.context]
-    inputs = ctx.inputs
-    layout = {k: getattr(p, k) for k in p.__slots__ if k != "context"}
-    return blank_row(
-        key=p.key(ctx.id),
-        option=ctx.option,
-        context=ctx.id,
-        gpu=inputs.gpu.name,
-        server=ctx.server,
-        network=ctx.network,
-        num_gpus=inputs.num_gpus,
-        tier=tier,
-        price_per_gpu_hour=ctx.price_per_gpu_hour,
-        power_w_per_gpu=ctx.power_w_per_gpu,
-        train_tokens=shared.train_tokens,
-        **layout,
-    )
-
-
-def _screen_row(row: Row, cache: ScreenCache, run: RunConfig) -> None:
-    est = screen(cache, run)
-    mem = est.memory
-    row.update(
-        screen_iteration_s=est.iteration_s,
-        screen_tokens_per_s=est.tokens_per_s,
-        memory_gib_per_gpu=mem.total_bytes / 2**30,
-        fits=mem.fits,
-        status="ok" if mem.fits else "infeasible",
-        reason=mem.reason,
-    )
-
-
-def _simulate_row(row: Row, shared: Shared, p: Point, run: RunConfig) -> None:
-    res = simulate(shared.contexts[p.context].inputs, run, shared.tables[p.context]).to_row()
-    exposed = res.pop("exposed_comm_s")
-    res.pop("dp")
-    row.update({k: v for k, v in res.items() if k in row})
-    row.update({f"exposed_{k}_s": v for k, v in exposed.items()})
-    row["status"] = "ok" if res["fits"] else "infeasible"
-    add_training_cost(row)
-
-
-_SCREEN_CACHES: OrderedDict[tuple[str, int], ScreenCache] = OrderedDict()
-SCREEN_CACHE_SLOTS = 32  # contexts whose screen caches one process keeps (least recent dropped)
-
-
-def screen_cache(shared: Shared, context: int) -> ScreenCache:
-    """This process's screen cache of one context of one sweep, kept across chunks: a Ray
-    worker prices each block and collective once per sweep, not once per chunk (the rebuilds
-    were about 40% of a 500-layout chunk). The values are the same either way."""
-    key = (shared.token, context)
-    cache = _SCREEN_CACHES.get(key)
-    if cache is None:
-        ctx = shared.contexts[context]
-        cache = _SCREEN_CACHES[key] = ScreenCache(ctx.inputs, shared.tables[context])
-        if len(_SCREEN_CACHES) > SCREEN_CACHE_SLOTS:
-            _SCREEN_CACHES.popitem(last=False)
-    else:
-        _SCREEN_CACHES.move_to_end(key)
-    return cache
-
-
-def evaluate_chunk(tier: Tier, points: Sequence[Point], shared: Shared) -> list[Row]:
-    """Rows for a chunk of layouts; unexpected errors are recorded per layout."""
-    rows = []
-    for p in points:
-        row = layout_row(shared, p, tier)
-        try:
-            run = p.run(shared.base_run)
-            if tier == "screen":
-                _screen_row(row, screen_cache(shared, p.context), run)
-            else:
-                _simulate_row(row, shared, p, run)
-        except InfeasibleConfig as e:
-            row.update(status="infeasible", reason=e.reason)
-        except Exception as e:
-            row.update(status="error", reason=f"{type(e).__name__}: {e}")
-            row["error"] = traceback.format_exc()
-        bad = finite_problem(row)
-        if bad is not None:  # JSON has no NaN: this layout fails, the others go on
-            row = layout_row(shared, p, tier)
-            row.update(status="error", reason=f"non-finite result: {bad}")
-        rows.append(row)
-    return rows
-
-
-SCREEN_CHUNK = 500
-
-
-def chunk_size(tier: Tier, layouts: int, workers: int) -> int:
-    """Layouts per task: screens are cheap (hundreds per task); simulations are spread as
-    about four tasks per worker, at most eight layouts each."""
-    if tier == "screen":
-        return SCREEN_CHUNK
-    return max(1, min(8, layouts // (4 * workers)))
-
-
-def _shape_key(p: Point) -> tuple[int, str, int, int, int, int, bool, bool]:
-    """What a layout's execution-graph shape depends on (micro-batches follow from dp and the
-    micro-batch size in one context; a sharded optimizer adds the parameter all-gather)."""
-    return (
-        p.context,
-        p.schedule,
-        p.pp,
-        p.virtual_stages,
-        p.dp,
-        p.micro_batch_size,
-        p.zero_stage == 3,
-        p.zero_stage >= 1 or p.distributed_optimizer,
-    )
-
-
-def _chunks(points: Sequence[Point], size: int) -> list[Sequence[Point]]:
-    return [points[i : i + size] for i in range(0, len(points), size)]
-
-
-def _graph_tasks(p: Point, shared: Shared) -> int:
-    """Compute tasks in a layout's execution graph (forward and backward per stage, chunk and
-    micro-batch): what building its graph costs, the bulk of a first simulation of a shape."""
-    batch = shared.contexts[p.context].inputs.global_batch_size
-    return 2 * p.pp * p.virtual_stages * max(1, batch // (p.dp * p.micro_batch_size))
-
-
-REBUILD_SHARE = 0.1  # a further layout of an already built graph shape, as a share of the build
-
-
-def _piece_cost(piece: Sequence[Point], shared: Shared) -> float:
-    """Relative cost of simulating a piece of one graph shape in one process: one graph build
-    (`_graph_tasks`), and each further layout about a tenth of it (measured on the GPT-3 sweep:
-    0.3 s to build an 18k-task graph, 0.02-0.03 s for each further layout of it)."""
-    return _graph_tasks(piece[0], shared) * (1 + REBUILD_SHARE * (len(piece) - 1))
-
-
-def simulate_chunks(points: Sequence[Point], size: int, shared: Shared) -> list[Sequence[Point]]:
-    """Chunks of at most ``size`` layouts made of whole graph-shape groups, heaviest first.
-
-    A shape's layouts stay together (split only when more than ``size``): a worker builds each
-    of its shapes' graphs once (`execgraph.exec_graph` caches it per process), and no shape is
-    built by two workers unless it has more than ``size`` layouts. Small groups share a chunk
-    while it stays under the average chunk's cost (`_piece_cost`), so there are few tasks to
-    dispatch but two heavy graphs never queue behind each other in one task. Heaviest first:
-    Ray hands the next chunk to whichever worker is free, so big graphs start early and small
-    ones fill the gaps (longest processing time first); pieces of a shape stay adjacent (a
-    stable sort), so a serial run builds each once."""
-    groups: dict[tuple[Any, ...], list[Point]] = {}
-    for p in sorted(points, key=_shape_key):
-        groups.setdefault(_shape_key(p), []).append(p)
-    pieces = [c for g in groups.values() for c in _chunks(g, size)]
-    pieces.sort(key=lambda c: _graph_tasks(c[0], shared), reverse=True)
-    costs = [_piece_cost(c, shared) for c in pieces]
-    budget = sum(costs) * size / max(1, len(points))  # the cost of an average full chunk
-    chunks: list[list[Point]] = []
-    chunk_cost = 0.0
-    for piece, cost in zip(pieces, costs, strict=True):  # packed in order
-        if chunks and len(chunks[-1]) + len(piece) <= size and chunk_cost + cost <= budget:
-            chunks[-1].extend(piece)
-            chunk_cost += cost
-        else:
-            chunks.append(list(piece))
-            chunk_cost = cost
-    return list(chunks)
 
 
 def _failed_chunk(tier: Tier, chunk: Sequence[Point], shared: Shared, err: str) -> list[Row]:
@@ -425,7 +191,7 @@ def run_sweep(
     size = max(1, chunk_size)
     # Rows are sorted by key at the end, whatever the chunk order.
     by_shape = tier == "simulate"
-    chunks = simulate_chunks(points, size, shared) if by_shape else _chunks(points, size)
+    chunks = simulate_chunks(points, size, shared) if by_shape else plain_chunks(points, size)
     if executor == "serial":
         for c in chunks:
             collect(evaluate_chunk(tier, c, shared))

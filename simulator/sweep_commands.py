@@ -39,19 +39,15 @@ from simulator.rows import (
 )
 from simulator.scenario import Scenario, load_scenario
 from simulator.space import Point, Space, enumerate_space, find_scenario
-from simulator.sweep import (
+from simulator.sweep import Executor, RayOptions, check_address, ray_session, run_sweep
+from simulator.sweep_chunks import chunk_size
+from simulator.sweep_eval import (
     PER_CONTEXT,
     TOP_CANDIDATES,
-    Executor,
-    RayOptions,
     Shared,
     Tier,
     build_shared,
     candidate_points,
-    check_address,
-    chunk_size,
-    ray_session,
-    run_sweep,
 )
 
 

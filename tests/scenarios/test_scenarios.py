@@ -7,7 +7,8 @@ import pytest
 from scenarios import SCENARIO_DIR, list_scenarios, load, scenario_path
 from simulator.errors import ConfigError
 from simulator.space import enumerate_space, find_scenario
-from simulator.sweep import build_shared, run_sweep
+from simulator.sweep import run_sweep
+from simulator.sweep_eval import build_shared
 
 FAST = ("training.latency_model='roofline-derated'",)
 

@@ -7,7 +7,8 @@ import pytest
 from simulator.plots import PARTS, _breakdown_s
 from simulator.scenario import load_scenario
 from simulator.space import enumerate_space, find_scenario
-from simulator.sweep import build_shared, run_sweep
+from simulator.sweep import run_sweep
+from simulator.sweep_eval import build_shared
 
 
 def test_top_layout_bars_add_up_to_the_step_with_compute_left_over() -> None:

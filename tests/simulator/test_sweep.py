@@ -24,16 +24,9 @@ from simulator.schedules import SCHEDULES, in_flight
 from simulator.screen import ScreenCache, in_flight_closed, screen
 from simulator.simulate import latency_table, simulate
 from simulator.space import enumerate_space, find_scenario
-from simulator.sweep import (
-    RayOptions,
-    _graph_tasks,
-    _piece_cost,
-    _shape_key,
-    build_shared,
-    ray_session,
-    run_sweep,
-    simulate_chunks,
-)
+from simulator.sweep import RayOptions, ray_session, run_sweep
+from simulator.sweep_chunks import _graph_tasks, _piece_cost, _shape_key, simulate_chunks
+from simulator.sweep_eval import build_shared
 
 TINY = find_scenario("tiny-gpt-8gpu")
 PROCUREMENT = """

@@ -19,8 +19,9 @@ from simulator.errors import ConfigError
 from simulator.rows import PROGRESS, load_rows
 from simulator.scenario import load_scenario
 from simulator.space import enumerate_space, find_scenario
-from simulator.sweep import build_shared, check_address, run_sweep
+from simulator.sweep import check_address, run_sweep
 from simulator.sweep_commands import FIGURES, _inputs_digest
+from simulator.sweep_eval import build_shared
 
 TINY = find_scenario("tiny-gpt-8gpu")
 ARGV = ["sweep", str(TINY), "--serial", "--no-progress"]
