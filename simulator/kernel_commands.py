@@ -26,7 +26,11 @@ VALIDATION_FILE = WEIGHTS_DIR / "validation.json"
 
 def add_kernel_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``kernels predict|eval|train|validate``."""
-    p = sub.add_parser("kernels", help="single-GPU kernel latency: predict, eval, train, validate")
+    p = sub.add_parser(
+        "kernels",
+        help="single-GPU kernel latency: predict, eval, train, validate, table, plot, collect, "
+        "tc-calibrate",
+    )
     ks = p.add_subparsers(dest="kernels_cmd", required=True)
 
     q = ks.add_parser("predict", help="latency of one kernel on one GPU")
