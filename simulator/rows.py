@@ -19,7 +19,7 @@ import importlib.util
 import json
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -129,14 +129,21 @@ def finite_problem(row: Row) -> str | None:
     return None
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write a whole file or nothing: a temporary file beside it, then renamed over it, so an
-    interrupt never leaves a half-written one."""
+def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
+    """Write a whole file or nothing: ``write`` fills a temporary file beside ``path``, which
+    is then renamed over it, so an interrupt never leaves a half-written one."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
+    write(tmp)
     os.replace(tmp, path)
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """`write_atomic` of a text."""
+    write_atomic(path, lambda tmp: tmp.write_text(text))
+
+
+TIERS = ("screen", "simulate")
+STATUSES = ("ok", "infeasible", "error")
 PROGRESS_META = "progress.meta.json"
 _CODE_DIRS = ("forecast", "simulator", "topologies")
 _CODE_SUFFIXES = (".py", ".json", ".toml", ".pt", ".npz")  # code, catalogs, weights, tile tables
@@ -204,22 +211,17 @@ def _logged_fingerprint(meta: Path) -> str | None:
 
 def _is_logged_row(row: Row) -> bool:
     """A row the log can index (a foreign line without a string key and tier is dropped)."""
-    return isinstance(row.get("key"), str) and row.get("tier") in ("screen", "simulate")
+    return isinstance(row.get("key"), str) and row.get("tier") in TIERS
 
 
-def final_rows(
-    log: ProgressLog, screened: Iterable[str] | None = None, simulated: Iterable[str] | None = None
-) -> list[Row]:
+def final_rows(log: ProgressLog, screened: Iterable[str], simulated: Iterable[str]) -> list[Row]:
     """One row per layout: the simulated one where it exists, else the screen's; by key.
     ``screened`` and ``simulated`` (keys) keep only this sweep's layouts and candidates, so
     rows a rerun with other settings left in the log (a larger ``--candidates``) do not count."""
-    keep_screen = None if screened is None else set(screened)
-    keep_sim = None if simulated is None else set(simulated)
-    merged = {
-        r["key"]: r for r in log.rows("screen") if keep_screen is None or r["key"] in keep_screen
-    }
+    keep_screen, keep_sim = set(screened), set(simulated)
+    merged = {r["key"]: r for r in log.rows("screen") if r["key"] in keep_screen}
     for r in log.rows("simulate"):
-        if keep_sim is not None and r["key"] not in keep_sim:
+        if r["key"] not in keep_sim:
             continue
         screened_row = merged.get(r["key"], {})
         merged[r["key"]] = r | {k: screened_row[k] for k in SCREEN_COLUMNS if k in screened_row}
@@ -234,19 +236,13 @@ def write_rows(rows: list[Row], out_dir: Path) -> list[Path]:
     jsonl = out_dir / "rows.jsonl"
     write_text_atomic(jsonl, "".join(dumps_row(r) for r in rows))
     frame = pd.DataFrame(rows, columns=list(COLUMNS)).drop(columns=["error"])
-    parquet = importlib.util.find_spec("pyarrow") is not None
-    table = out_dir / ("rows.parquet" if parquet else "rows.csv")
-    tmp = table.with_name(f".{table.name}.tmp")
-    if parquet:
-        frame.to_parquet(tmp, index=False)
+    if importlib.util.find_spec("pyarrow") is not None:
+        table = out_dir / "rows.parquet"
+        write_atomic(table, lambda tmp: frame.to_parquet(tmp, index=False))
     else:
-        frame.to_csv(tmp, index=False)
-    os.replace(tmp, table)
+        table = out_dir / "rows.csv"
+        write_atomic(table, lambda tmp: frame.to_csv(tmp, index=False))
     return [jsonl, table]
-
-
-TIERS = ("screen", "simulate")
-STATUSES = ("ok", "infeasible", "error")
 
 
 def _refuse_constant(name: str) -> Any:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,11 @@ class Context:
     network: str
     price_per_gpu_hour: float | None
     power_w_per_gpu: float | None
+
+
+def point_keys(points: Sequence[Point], contexts: Sequence[Context]) -> list[str]:
+    """`Point.key` of each layout, with its context's id."""
+    return [p.key(contexts[p.context].id) for p in points]
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from simulator.rows import (
     write_text_atomic,
 )
 from simulator.scenario import Scenario, load_scenario
-from simulator.space import Point, Space, enumerate_space, find_scenario
+from simulator.space import Point, Space, enumerate_space, find_scenario, point_keys
 from simulator.sweep import Executor, RayOptions, check_address, ray_session, run_sweep
 from simulator.sweep_chunks import chunk_size
 from simulator.sweep_eval import (
@@ -149,7 +149,7 @@ def _tier(
     args: argparse.Namespace, log: ProgressLog, tier: Tier, points: Sequence[Point], shared: Shared
 ) -> list[Row]:
     """Run one tier over the layouts not yet in the log; return the tier's rows of ``points``."""
-    keys = [p.key(shared.contexts[p.context].id) for p in points]
+    keys = point_keys(points, shared.contexts)
     todo = [p for p, k in zip(points, keys, strict=True) if not log.has(k, tier)]
     executor: Executor = "serial" if args.serial else "ray"
     chunk = chunk_size(tier, len(todo), args.workers)
@@ -296,10 +296,8 @@ def _finish(
     chosen: Sequence[Point],
     out: Path,
 ) -> int:
-    def keys(points: Sequence[Point]) -> list[str]:
-        return [p.key(space.contexts[p.context].id) for p in points]
-
-    rows = final_rows(log, screened=keys(space.points), simulated=keys(chosen))
+    screened, simulated = (point_keys(ps, space.contexts) for ps in (space.points, chosen))
+    rows = final_rows(log, screened=screened, simulated=simulated)
     written = write_rows(rows, out)
     report = markdown_report(
         rows, title=scenario.study.name, pruned=space.pruned, k=args.top, by=args.rank

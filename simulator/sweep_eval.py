@@ -22,7 +22,7 @@ from simulator.parallel import RunConfig
 from simulator.rows import Row, add_training_cost, blank_row, finite_problem
 from simulator.screen import ScreenCache, screen
 from simulator.simulate import latency_table, simulate
-from simulator.space import Context, Point, Space
+from simulator.space import Context, Point, Space, point_keys
 
 Tier = Literal["screen", "simulate"]
 
@@ -72,8 +72,9 @@ def candidate_points(
     per_context: int = PER_CONTEXT,
 ) -> list[Point]:
     """The layouts among ``points`` that `select_candidates` picks from the screened ``rows``."""
-    keys = set(select_candidates(rows, top=top, per_context=per_context))
-    return [p for p in points if p.key(shared.contexts[p.context].id) in keys]
+    chosen = set(select_candidates(rows, top=top, per_context=per_context))
+    keys = point_keys(points, shared.contexts)
+    return [p for p, k in zip(points, keys, strict=True) if k in chosen]
 
 
 def select_candidates(rows: Sequence[Row], *, top: int, per_context: int) -> list[str]:
