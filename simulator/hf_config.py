@@ -27,120 +27,6 @@ class _BadValueError(Exception):
         self.key = key
 
 
-def _int(raw: Raw, key: str, default: Any = _REQUIRED, *, null_ok: bool = False) -> Any:
-    """``raw[key]``, a JSON integer (not a bool, float or string); ``default`` when absent, or
-    when ``null`` and ``null_ok`` (keys HF itself reads ``null`` as "the default" for)."""
-    if key not in raw or (null_ok and raw[key] is None):
-        if default is _REQUIRED:
-            raise KeyError(key)
-        return default
-    value = raw[key]
-    if type(value) is not int:
-        raise _BadValueError(key, f"must be a JSON integer, got {json.dumps(value)}")
-    return value
-
-
-def _flag(raw: Raw, key: str, default: bool) -> bool:
-    """``raw[key]``, a JSON boolean (``"false"`` is a string, not false)."""
-    value = raw.get(key, default)
-    if not isinstance(value, bool):
-        raise _BadValueError(
-            key, f"must be true or false (a JSON boolean), got {json.dumps(value)}"
-        )
-    return value
-
-
-def _gpt2(raw: Raw) -> Raw:
-    h = _int(raw, "n_embd")
-    return {
-        "architecture": "gpt2",
-        "num_layers": _int(raw, "n_layer"),
-        "hidden_size": h,
-        "ffn_hidden_size": _int(raw, "n_inner", 4 * h, null_ok=True),
-        "num_heads": _int(raw, "n_head"),
-        "vocab_size": _int(raw, "vocab_size"),
-        "max_positions": _int(raw, "n_positions", 1024),
-        "activation": "gelu_new" if raw.get("activation_function") == "gelu_new" else "gelu",
-    }
-
-
-def _opt(raw: Raw) -> Raw:
-    return {
-        "architecture": "opt",
-        "num_layers": _int(raw, "num_hidden_layers"),
-        "hidden_size": _int(raw, "hidden_size"),
-        "ffn_hidden_size": _int(raw, "ffn_dim"),
-        "num_heads": _int(raw, "num_attention_heads"),
-        "vocab_size": _int(raw, "vocab_size"),
-        "max_positions": _int(raw, "max_position_embeddings", 2048) + 2,
-        "activation": "relu" if raw.get("activation_function") == "relu" else "gelu",
-    }
-
-
-def _bert(raw: Raw) -> Raw:
-    return {
-        "architecture": "bert",
-        "num_layers": _int(raw, "num_hidden_layers"),
-        "hidden_size": _int(raw, "hidden_size"),
-        "ffn_hidden_size": _int(raw, "intermediate_size"),
-        "num_heads": _int(raw, "num_attention_heads"),
-        "vocab_size": _int(raw, "vocab_size"),
-        "max_positions": _int(raw, "max_position_embeddings", 512),
-        "activation": "gelu",
-    }
-
-
-def _switch(raw: Raw) -> Raw:
-    encoder_layers = _int(raw, "num_layers")
-    return {
-        "architecture": "switch",
-        "num_layers": _int(raw, "num_decoder_layers", None, null_ok=True) or encoder_layers,
-        "num_encoder_layers": encoder_layers,
-        "hidden_size": _int(raw, "d_model"),
-        "ffn_hidden_size": _int(raw, "d_ff"),
-        "num_heads": _int(raw, "num_heads"),
-        "head_dim": _int(raw, "d_kv"),
-        "vocab_size": _int(raw, "vocab_size"),
-        "activation": "relu",
-        "norm": "rmsnorm",
-        "position": "relative",
-        "bias": False,
-        "num_experts": _int(raw, "num_experts"),
-        "moe_every": _int(raw, "encoder_sparse_step", 2),
-        "expert_capacity": _int(raw, "expert_capacity", 0),
-    }
-
-
-def _llama(raw: Raw) -> Raw:
-    experts = _int(raw, "num_local_experts", 1)
-    return {
-        "architecture": "mixtral" if experts > 1 else "llama",
-        "num_layers": _int(raw, "num_hidden_layers"),
-        "hidden_size": _int(raw, "hidden_size"),
-        "ffn_hidden_size": _int(raw, "intermediate_size"),
-        "num_heads": _int(raw, "num_attention_heads"),
-        "num_kv_heads": _int(raw, "num_key_value_heads", 0, null_ok=True),
-        "vocab_size": _int(raw, "vocab_size"),
-        "max_positions": _int(raw, "max_position_embeddings", 4096),
-        "activation": "swiglu",
-        "norm": "rmsnorm",
-        "position": "rotary",
-        "bias": False,
-        "tied_embeddings": _flag(raw, "tie_word_embeddings", False),
-        "num_experts": experts,
-        "experts_per_token": _int(raw, "num_experts_per_tok", 1),
-    }
-
-
-READERS: dict[str, Callable[[Raw], Raw]] = {
-    "gpt2": _gpt2,
-    "opt": _opt,
-    "bert": _bert,
-    "switch_transformers": _switch,
-    "llama": _llama,
-    "mixtral": _llama,
-}
-
 _LLAMA_KEYS = {
     "num_layers": "num_hidden_layers",
     "ffn_hidden_size": "intermediate_size",
@@ -151,7 +37,8 @@ _LLAMA_KEYS = {
     "num_experts": "num_local_experts",
     "experts_per_token": "num_experts_per_tok",
 }
-# model_type -> {ModelSpec field: config key} where the names differ, for error messages
+# model_type -> {ModelSpec field: config key} where the names differ: the readers read each
+# field through it (`_Config`), and error messages name the config's own key with it
 KEYS: dict[str, dict[str, str]] = {
     "gpt2": {
         "num_layers": "n_layer",
@@ -182,6 +69,134 @@ KEYS: dict[str, dict[str, str]] = {
     },
     "llama": _LLAMA_KEYS,
     "mixtral": _LLAMA_KEYS,
+}
+
+
+class _Config:
+    """One config's values read by `ModelSpec` field, through the model type's `KEYS`."""
+
+    def __init__(self, raw: Raw, kind: str) -> None:
+        self.raw, self.keys = raw, KEYS[kind]
+
+    def int(self, field: str, default: Any = _REQUIRED, *, null_ok: bool = False) -> Any:
+        """The field's key, a JSON integer (not a bool, float or string); ``default`` when
+        absent, or when ``null`` and ``null_ok`` (keys HF itself reads ``null`` as "the
+        default" for)."""
+        key = self.keys.get(field, field)
+        if key not in self.raw or (null_ok and self.raw[key] is None):
+            if default is _REQUIRED:
+                raise KeyError(key)
+            return default
+        value = self.raw[key]
+        if type(value) is not int:
+            raise _BadValueError(key, f"must be a JSON integer, got {json.dumps(value)}")
+        return value
+
+    def flag(self, field: str, default: bool) -> bool:
+        """The field's key, a JSON boolean (``"false"`` is a string, not false)."""
+        key = self.keys.get(field, field)
+        value = self.raw.get(key, default)
+        if not isinstance(value, bool):
+            raise _BadValueError(
+                key, f"must be true or false (a JSON boolean), got {json.dumps(value)}"
+            )
+        return value
+
+
+def _gpt2(raw: Raw) -> Raw:
+    c = _Config(raw, "gpt2")
+    h = c.int("hidden_size")
+    return {
+        "architecture": "gpt2",
+        "num_layers": c.int("num_layers"),
+        "hidden_size": h,
+        "ffn_hidden_size": c.int("ffn_hidden_size", 4 * h, null_ok=True),
+        "num_heads": c.int("num_heads"),
+        "vocab_size": c.int("vocab_size"),
+        "max_positions": c.int("max_positions", 1024),
+        "activation": "gelu_new" if raw.get("activation_function") == "gelu_new" else "gelu",
+    }
+
+
+def _opt(raw: Raw) -> Raw:
+    c = _Config(raw, "opt")
+    return {
+        "architecture": "opt",
+        "num_layers": c.int("num_layers"),
+        "hidden_size": c.int("hidden_size"),
+        "ffn_hidden_size": c.int("ffn_hidden_size"),
+        "num_heads": c.int("num_heads"),
+        "vocab_size": c.int("vocab_size"),
+        "max_positions": c.int("max_positions", 2048) + 2,
+        "activation": "relu" if raw.get("activation_function") == "relu" else "gelu",
+    }
+
+
+def _bert(raw: Raw) -> Raw:
+    c = _Config(raw, "bert")
+    return {
+        "architecture": "bert",
+        "num_layers": c.int("num_layers"),
+        "hidden_size": c.int("hidden_size"),
+        "ffn_hidden_size": c.int("ffn_hidden_size"),
+        "num_heads": c.int("num_heads"),
+        "vocab_size": c.int("vocab_size"),
+        "max_positions": c.int("max_positions", 512),
+        "activation": "gelu",
+    }
+
+
+def _switch(raw: Raw) -> Raw:
+    c = _Config(raw, "switch_transformers")
+    encoder_layers = c.int("num_encoder_layers")
+    return {
+        "architecture": "switch",
+        "num_layers": c.int("num_layers", None, null_ok=True) or encoder_layers,
+        "num_encoder_layers": encoder_layers,
+        "hidden_size": c.int("hidden_size"),
+        "ffn_hidden_size": c.int("ffn_hidden_size"),
+        "num_heads": c.int("num_heads"),
+        "head_dim": c.int("head_dim"),
+        "vocab_size": c.int("vocab_size"),
+        "activation": "relu",
+        "norm": "rmsnorm",
+        "position": "relative",
+        "bias": False,
+        "num_experts": c.int("num_experts"),
+        "moe_every": c.int("moe_every", 2),
+        "expert_capacity": c.int("expert_capacity", 0),
+    }
+
+
+def _llama(raw: Raw) -> Raw:
+    c = _Config(raw, "llama")
+    experts = c.int("num_experts", 1)
+    return {
+        "architecture": "mixtral" if experts > 1 else "llama",
+        "num_layers": c.int("num_layers"),
+        "hidden_size": c.int("hidden_size"),
+        "ffn_hidden_size": c.int("ffn_hidden_size"),
+        "num_heads": c.int("num_heads"),
+        "num_kv_heads": c.int("num_kv_heads", 0, null_ok=True),
+        "vocab_size": c.int("vocab_size"),
+        "max_positions": c.int("max_positions", 4096),
+        "activation": "swiglu",
+        "norm": "rmsnorm",
+        "position": "rotary",
+        "bias": False,
+        "tied_embeddings": c.flag("tied_embeddings", False),
+        "num_experts": experts,
+        "experts_per_token": c.int("experts_per_token", 1),
+    }
+
+
+READERS: dict[str, Callable[[Raw], Raw]] = {
+    "gpt2": _gpt2,
+    "opt": _opt,
+    "bert": _bert,
+    "switch_transformers": _switch,
+    "llama": _llama,
+    "mixtral": _llama,
 }
 
 
