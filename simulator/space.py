@@ -198,8 +198,8 @@ def _options(scenario: Scenario) -> list[tuple[str, dict[str, Any]]]:
         for key in ("price_per_gpu_hour", "power_w_per_gpu"):
             if key in opt:
                 _number(opt[key], f"sweep.options[{i}].{key}")
-        if "num_gpus" in opt:
-            _gpu_counts(opt["num_gpus"], f"sweep.options[{i}].num_gpus")
+        if "num_gpus" in opt:  # validated once here, de-duplicated for `_contexts`
+            opt = {**opt, "num_gpus": _gpu_counts(opt["num_gpus"], f"sweep.options[{i}].num_gpus")}
         name = _option_name(opt, i, scenario.cluster.gpu)
         if name in seen:
             how = "" if "id" in opt else " (named by its gpu: it has no id)"
@@ -251,7 +251,7 @@ def _contexts(scenario: Scenario) -> list[Context]:
     named = "options" in scenario.sweep
     out: list[Context] = []
     for i, (name, opt) in enumerate(options):
-        for n in _gpu_counts(opt["num_gpus"], "") if "num_gpus" in opt else sizes:
+        for n in opt.get("num_gpus", sizes):
             section = _section(scenario.cluster, opt, i, n)
             try:
                 inputs = resolve(scenario.model_copy(update={"cluster": section}))
