@@ -1,5 +1,5 @@
 """``python -m simulator`` runs the ``tilesim`` command line."""
 
-from simulator.cli import main
+from simulator.launch import main
 
 raise SystemExit(main())

@@ -233,3 +233,23 @@ def test_validate_commands_name_a_data_folder_without_their_files(
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and flag in err[0] and "NeuSight data folder" in err[0]
+
+
+def test_ctrl_c_while_the_command_line_imports_is_one_line_exit_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simulator import launch
+
+    def interrupted(name: str) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launch.importlib, "import_module", interrupted)
+    assert launch.main(["list", "gpus"]) == 130
+    assert capsys.readouterr().err == "tilesim: interrupted\n"
+
+
+def test_console_script_runs_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from simulator import launch
+
+    assert launch.main(["list", "gpus"]) == 0
+    assert "h100-sxm5-80gb" in capsys.readouterr().out
