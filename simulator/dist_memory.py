@@ -4,8 +4,9 @@ Per parameter (mixed precision, Megatron): 16-bit weights (2 B), fp32 main gradi
 2 B in fp16), fp32 master weights and two Adam moments (12 B); fp32 training: 4 + 4 + 8 B.
 ZeRO-1 and the distributed optimizer divide the optimizer state by the dp x cp group, ZeRO-2
 also the gradients, ZeRO-3 also the weights, plus the gathered working set: ZeRO-3 gathers
-module by module (DeepSpeed, FSDP), so two layers' full weights are live (the one computing and
-the one prefetched), or two embedding tables where a table is larger than a layer.
+module by module (DeepSpeed, FSDP), so the stage's two largest modules are live in full (the one
+computing and the one prefetched: two layers, or a layer and an embedding table the stage holds);
+over a group of one rank nothing is sharded and nothing is gathered.
 
 Activations per layer and micro-batch (Korthikanti et al. 2022, eq. 2 and section 4, in
 2-byte units, scaled by the element size; ``s`` = seq/cp, FFN term scaled by ffn/4h):
@@ -25,6 +26,7 @@ from forecast.kernels import ITEMSIZE_BYTES
 from simulator.comm import grad_itemsize_bytes, param_itemsize_bytes
 from simulator.parallel import Layout
 from simulator.scenario import SimInputs
+from simulator.stagecost import end_tensors
 
 RESERVED_BYTES = 2**30  # CUDA context, cuBLAS/NCCL workspaces (about 1 GiB)
 
@@ -62,13 +64,22 @@ def layer_activation_bytes(inputs: SimInputs, layout: Layout, *, working: bool =
     return s * b * h * units * ITEMSIZE_BYTES[inputs.dtype] / 2.0
 
 
-def _gathered_unit(inputs: SimInputs, layout: Layout) -> float:
-    """Parameters of the largest module ZeRO-3 gathers at once on one GPU."""
+def _gathered_params(inputs: SimInputs, layout: Layout, stage: int) -> float:
+    """Parameters ZeRO-3 holds gathered at once on one GPU of ``stage``: its two largest modules
+    (layers and the tables `end_tensors` lists); none when the dp x cp group is one rank."""
     m, run = inputs.model, layout.run
-    dense = m.layer_params(moe=False)
-    experts = m.layer_params(moe=True) - dense if m.num_experts > 1 else 0
-    layer = (dense + experts / run.ep) / run.tp
-    return max(layer, m.vocab_size * m.hidden_size / run.tp)
+    if layout.dp * run.cp == 1:
+        return 0.0
+    dense = m.layer_params(moe=False) / run.tp
+    expert = dense + (m.layer_params(moe=True) - m.layer_params(moe=False)) / (run.tp * run.ep)
+    chunks = layout.layers_per_stage[stage]
+    units: list[float] = []
+    for c, layers in enumerate(chunks):
+        moe = m.moe_layers(layers)
+        vs = c * run.pp + stage
+        ends = end_tensors(m, run, first=vs == 0, last=vs == run.pp * len(chunks) - 1)
+        units += [dense] * (layers - moe) + [expert] * moe + ends
+    return sum(sorted(units)[-2:])
 
 
 def stage_memory(
@@ -88,9 +99,8 @@ def stage_memory(
         grads /= shard
     other = float(RESERVED_BYTES)
     if run.zero_stage >= 3:
-        weights = weights / shard + 2 * _gathered_unit(inputs, layout) * param_itemsize_bytes(
-            inputs.dtype
-        )
+        gathered = _gathered_params(inputs, layout, stage)
+        weights = weights / shard + gathered * param_itemsize_bytes(inputs.dtype)
     layers_per_chunk = sum(chunks) / len(chunks)
     acts = in_flight * layers_per_chunk * layer_activation_bytes(inputs, layout)
     if run.recompute == "full":

@@ -15,7 +15,7 @@ from simulator.comm import (
     dp_param_gather_s,
     layer_comm,
 )
-from simulator.dist_memory import layer_activation_bytes
+from simulator.dist_memory import layer_activation_bytes, stage_memory
 from simulator.dist_validate import published_scenario
 from simulator.models import load_model
 from simulator.parallel import RunConfig
@@ -123,6 +123,32 @@ def test_zero3_holds_two_gathered_layers_not_the_whole_model() -> None:
     unit = max(m.layer_params(moe=False), m.vocab_size * m.hidden_size)
     assert mem.weights_bytes == pytest.approx(2 * params / 384 + 2 * 2 * unit, rel=2e-3)
     assert mem.fits
+
+
+def _zero_stage_weights(zero: int, *sets: str) -> list[float]:
+    """Weight bytes (ZeRO-3: shards plus the gathered modules) on one GPU of each stage."""
+    inputs = _tiny(*sets, f"run.zero_stage={zero}")
+    lay = layout_of(inputs, load_scenario(TINY, overrides=(*sets, f"run.zero_stage={zero}")).run)
+    return [
+        stage_memory(inputs, lay, s, p, in_flight=1).weights_bytes
+        for s, p in enumerate(stage_params(inputs, lay))
+    ]
+
+
+def test_zero3_gathers_only_modules_the_stage_holds() -> None:
+    """A table wider than a layer (vocabulary 65,536 x 256) lives on the first and last stages
+    only: a middle stage of one layer gathers that layer, not two tables; the end stages gather
+    their layer and their table. One DP rank shards nothing, so ZeRO-3 adds nothing there."""
+    sets = ("model.n_layers=4", "model.vocab_size=65536", "run.tp=1", "run.pp=4", "run.dp=2")
+    m = _tiny(*sets).model
+    layer, table = m.layer_params(moe=False), 65536 * 256
+    positions = m.max_positions * 256
+    params = [layer + table + positions, layer, layer, layer + table]
+    gathered = [layer + table, layer, layer, layer + table]
+    expect = [2 * (p / 2 + g) for p, g in zip(params, gathered, strict=True)]
+    assert _zero_stage_weights(3, *sets) == pytest.approx(expect, rel=1e-6)
+    one_rank = (*sets[:-1], "run.dp=1", "cluster.num_gpus=4")
+    assert _zero_stage_weights(3, *one_rank) == _zero_stage_weights(0, *one_rank)
 
 
 def _row(rid: str, **over: Any) -> dict[str, Any]:
