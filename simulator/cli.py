@@ -144,13 +144,13 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _collective_plot(args: argparse.Namespace) -> int:
-    from simulator.figures import figure_path  # matplotlib only when a figure is asked for
-    from topologies.plots import plot_busbw
+    from simulator.figures import figure_path, save_figure  # matplotlib only when drawn
+    from topologies.plots import busbw_figure
 
     figure_path(args.out, "--out")
     curves = load_measured(args.data)
-
-    print(plot_busbw(sorted({(c.server, c.gpus) for c in curves}), curves, args.out))
+    fig = busbw_figure(sorted({(c.server, c.gpus) for c in curves}), curves)
+    print(save_figure(fig, args.out, dpi=120))
     return 0
 
 

@@ -2,29 +2,39 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import matplotlib
 
 from simulator.errors import ConfigError
+from simulator.rows import write_atomic
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.backend_bases import FigureCanvasBase
+from matplotlib.figure import Figure
 
 
-def save_figure(fig: plt.Figure, path: Path, *, dpi: int = 110) -> Path:
-    """Write ``fig`` to ``path`` (its folder made if needed) and close it."""
+def save_figure(fig: Figure, path: Path, *, dpi: int = 110) -> Path:
+    """Write ``fig`` to ``path`` whole or not at all (its folder made if needed) and close it;
+    a path that cannot be written is a `ConfigError` naming it."""
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fmt = path.suffix.lstrip(".").lower()
+        write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format=fmt))
+    except OSError as e:
+        raise ConfigError(f"cannot write the figure {path}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
     return path
 
 
 def figure_path(path: Path, flag: str) -> Path:
     """``path`` if a figure can be written there (checked before any work): a file name whose
-    suffix matplotlib writes (.png, .pdf, .svg, ...), not an existing folder."""
+    suffix matplotlib writes (.png, .pdf, .svg, ...), not an existing folder, under a folder
+    that exists or can be made (the nearest existing one is a writable folder)."""
     formats = FigureCanvasBase.get_supported_filetypes()
     if path.is_dir():
         raise ConfigError(f"{flag} {path} is a folder; give a file name such as {path / 'fig.png'}")
@@ -33,4 +43,9 @@ def figure_path(path: Path, flag: str) -> Path:
             f"{flag} {path}: give a file name ending in one of "
             + ", ".join(f".{f}" for f in sorted(formats))
         )
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {path}: {parent} is not a writable folder; give another path")
     return path

@@ -131,10 +131,15 @@ def finite_problem(row: Row) -> str | None:
 
 def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
     """Write a whole file or nothing: ``write`` fills a temporary file beside ``path``, which
-    is then renamed over it, so an interrupt never leaves a half-written one."""
+    is then renamed over it, so an interrupt never leaves a half-written one (nor, when
+    ``write`` fails or is interrupted, the temporary file)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_text_atomic(path: Path, text: str) -> None:

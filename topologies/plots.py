@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -26,10 +25,9 @@ def predicted_busbw(server: str, gpus: int, *, algorithm: str = "auto") -> list[
     ]
 
 
-def plot_busbw(
-    clusters: Sequence[tuple[str, int]], measured: Sequence[MeasuredCurve], out: Path
-) -> Path:
-    """Write one PNG: a predicted line per (server, gpus), measured points in the same colour."""
+def busbw_figure(clusters: Sequence[tuple[str, int]], measured: Sequence[MeasuredCurve]) -> Figure:
+    """One figure: a predicted line per (server, gpus), measured points in the same colour
+    (the caller writes it: `simulator.figures.save_figure`)."""
     fig = Figure(figsize=(8, 5))
     FigureCanvasAgg(fig)  # Agg backend, no pyplot global state
     ax = fig.add_subplot()
@@ -51,6 +49,4 @@ def plot_busbw(
     ax.set_title("predicted (lines) vs measured nccl-tests (points)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120, bbox_inches="tight")
-    return out
+    return fig

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from simulator.cli import main
+from simulator.figures import save_figure
 from topologies import TopologyError
 from topologies.measured import compare, load_measured
-from topologies.plots import plot_busbw
+from topologies.plots import busbw_figure
 
 
 def test_busbw_within_15_percent_1mib_to_8gib(hardware_dir: Path) -> None:
@@ -36,7 +37,8 @@ def test_small_message_latency_within_2x(hardware_dir: Path) -> None:
 
 def test_plot_writes_png(hardware_dir: Path, tmp_path: Path) -> None:
     curves = load_measured(hardware_dir)
-    out = plot_busbw([("dgx-a100", 8), ("hgx-h200", 8)], curves, tmp_path / "busbw.png")
+    fig = busbw_figure([("dgx-a100", 8), ("hgx-h200", 8)], curves)
+    out = save_figure(fig, tmp_path / "busbw.png")
     assert out.stat().st_size > 1000
 
 
