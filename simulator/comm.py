@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from forecast.kernels import ITEMSIZE_BYTES, Dtype
-from simulator.parallel import Layout, RunConfig
+from simulator.parallel import Layout
 from simulator.scenario import SimInputs
 from simulator.stagecost import end_tensors
 from topologies import Cluster, collective_estimate, collective_time_s
@@ -131,16 +131,21 @@ def dp_param_gather_s(params: float, inputs: SimInputs, layout: Layout) -> float
 DEEPSPEED_2021_ZERO3_EFFICIENCY = 0.445
 
 
-def exposed_param_gather_s(whole_s: float, run: RunConfig) -> float:
-    """The part of the sharded optimizer's all-gather of updated weights (``whole_s``) that the
-    step waits for: all of it, or with ``overlap_param_gather`` (Megatron-LM's
-    ``--overlap-param-gather``: bucket by bucket under the next forward) the first bucket."""
-    return whole_s / run.buckets if run.overlap_param_gather else whole_s
+def grad_sync_s(params: float, inputs: SimInputs, layout: Layout) -> float:
+    """One chunk's gradient reduction as it runs: with ``overlap_grad_reduce``, ``buckets``
+    collectives of ``1/buckets`` of the gradients each (every bucket pays its own launch and
+    latency), else one collective of them all."""
+    n = layout.run.buckets if layout.run.overlap_grad_reduce else 1
+    return n * dp_grad_s(params / n, inputs, layout)
 
 
 def param_gather_exposed_s(params: float, inputs: SimInputs, layout: Layout) -> float:
-    """`exposed_param_gather_s` of a stage holding ``params`` parameters."""
-    return exposed_param_gather_s(dp_param_gather_s(params, inputs, layout), layout.run)
+    """The part of the sharded optimizer's all-gather of a stage's updated weights (``params``)
+    that the step waits for: all of it, or with ``overlap_param_gather`` (Megatron-LM's
+    ``--overlap-param-gather``: bucket by bucket under the next forward) the first bucket's
+    all-gather, of ``1/buckets`` of the weights."""
+    n = layout.run.buckets if layout.run.overlap_param_gather else 1
+    return dp_param_gather_s(params / n, inputs, layout)
 
 
 def zero3_blocking_s(

@@ -69,7 +69,7 @@ class ChunkCost:
     bw_ep_s: float = 0.0
     fw_cp_s: float = 0.0
     bw_cp_s: float = 0.0
-    grad_sync_s: float = 0.0  # whole chunk, once per step (ZeRO-0/1/2)
+    grad_sync_s: float = 0.0  # whole chunk, all its buckets, once per step (ZeRO-0/1/2)
     zero3_gather_s: float = 0.0  # per task
     zero3_scatter_s: float = 0.0  # per backward
     fw_dp_s: float = 0.0  # blocking ZeRO-3 collectives (deepspeed-2021), per forward

@@ -22,6 +22,7 @@ from simulator.comm import (
     LayerComm,
     dp_grad_s,
     dp_param_gather_s,
+    grad_sync_s,
     layer_comm,
     param_gather_exposed_s,
     zero3_blocking_s,
@@ -81,11 +82,10 @@ def _with_dp(
     if layout.run.zero3_blocks:
         fw, bw = zero3_blocking_s(inputs, layout, layers, first=ends[0], last=ends[1], memo=memo)
         return replace(c, fw_dp_s=fw, bw_dp_s=bw)
-    grad = dp_grad_s(params, inputs, layout)
     if layout.run.zero_stage >= 3:
         gather = dp_param_gather_s(params, inputs, layout)
-        return replace(c, zero3_gather_s=gather, zero3_scatter_s=grad)
-    return replace(c, grad_sync_s=grad)
+        return replace(c, zero3_gather_s=gather, zero3_scatter_s=dp_grad_s(params, inputs, layout))
+    return replace(c, grad_sync_s=grad_sync_s(params, inputs, layout))
 
 
 def step_costs(inputs: SimInputs, layout: Layout, table: LatencyTable) -> StepCosts:

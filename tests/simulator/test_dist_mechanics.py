@@ -12,6 +12,7 @@ from forecast.kernels import Dtype, OpFamily
 from simulator.comm import (
     DEEPSPEED_2021_ZERO3_EFFICIENCY,
     collective_s,
+    dp_grad_s,
     dp_param_gather_s,
     layer_comm,
 )
@@ -27,7 +28,7 @@ from simulator.stagecost import (
     block_times,
     shard_kernels,
 )
-from simulator.stepcosts import stage_params, tp_bw_exposed_s
+from simulator.stepcosts import stage_params, step_costs, tp_bw_exposed_s
 from topologies import collective_time_s
 from topologies.algorithms import Op
 
@@ -252,6 +253,28 @@ def test_deepspeed_2021_zero3_blocks_compute_on_every_tensor_collective(recomput
     assert fsdp.iteration_s < res.iteration_s
 
 
+def test_each_gradient_bucket_is_its_own_collective() -> None:
+    """Overlapped DP reduction runs ``buckets`` collectives of 1/buckets of the gradients, each
+    with its own launch and latency (it was the whole reduction's time / buckets, so more
+    buckets always looked faster). Tiny's 0.8M-parameter gradients are latency-bound: 64
+    buckets cost far more than one, and the step is slower for them."""
+    sets = ("run.tp=1", "run.pp=1", "run.dp=8", "run.zero_stage=1")
+    steps = {}
+    for n in (1, 64):
+        s = load_scenario(TINY, overrides=(*sets, f"run.buckets={n}"))
+        inputs = resolve(s)
+        lay = layout_of(inputs, s.run)
+        table = latency_table(inputs, [s.run])
+        params = stage_params(inputs, lay)[0]
+        sync = step_costs(inputs, lay, table).chunks[0][0].grad_sync_s
+        assert sync == pytest.approx(n * dp_grad_s(params / n, inputs, lay), rel=1e-12)
+        steps[n] = simulate(inputs, s.run, table).iteration_s
+        no_overlap = s.run.model_copy(update={"overlap_grad_reduce": False})
+        after = step_costs(inputs, layout_of(inputs, no_overlap), table).chunks[0][0]
+        assert after.grad_sync_s == pytest.approx(dp_grad_s(params, inputs, lay), rel=1e-12)
+    assert steps[64] > steps[1]
+
+
 def test_overlapped_param_gather_exposes_its_first_bucket_only() -> None:
     sets = ("run.tp=1", "run.pp=1", "run.dp=8", "run.zero_stage=1", "run.buckets=4")
     s = load_scenario(TINY, overrides=sets)
@@ -262,5 +285,6 @@ def test_overlapped_param_gather_exposes_its_first_bucket_only() -> None:
     lay = layout_of(inputs, s.run)
     params = sum(stage_params(inputs, lay))
     whole = dp_param_gather_s(params, inputs, lay)
-    assert whole > 0
-    assert plain.iteration_s - over.iteration_s == pytest.approx(whole * 3 / 4, rel=1e-9)
+    first = dp_param_gather_s(params / 4, inputs, lay)  # one bucket: its own launch and latency
+    assert whole > first > whole / 4
+    assert plain.iteration_s - over.iteration_s == pytest.approx(whole - first, rel=1e-9)
