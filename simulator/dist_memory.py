@@ -9,7 +9,8 @@ computing and the one prefetched: two layers, or a layer and an embedding table 
 over a group of one rank nothing is sharded and nothing is gathered.
 
 Activations per layer and micro-batch (Korthikanti et al. 2022, eq. 2 and section 4, in
-2-byte units, scaled by the element size; ``s`` = seq/cp, FFN term scaled by ffn/4h):
+2-byte units, scaled by the element size; ``s`` = seq/cp, FFN term scaled by ffn/4h; a MoE
+layer routing each token to ``k`` experts keeps ``k - 1`` more copies of the MLP's 16 units):
 no recompute ``s*b*h*(10 + 24/t + 5as/(ht))`` (``34/t`` with sequence parallelism; the
 ``5as/h`` score term vanishes with flash attention, `SimInputs.attention`),
 selective recompute drops the score term, full recompute keeps only the layer input
@@ -52,7 +53,10 @@ def layer_activation_bytes(inputs: SimInputs, layout: Layout, *, working: bool =
     """Bytes one layer keeps per micro-batch (``working``: as if not recomputed)."""
     run, m = layout.run, inputs.model
     s, b, h, t = inputs.seq_len // run.cp, run.micro_batch_size, m.hidden_size, run.tp
-    ffn = 24.0 * m.ffn_hidden_size / (4.0 * h)
+    f = m.ffn_hidden_size / (4.0 * h)
+    # MoE: each token's further experts keep their own MLP activations (16 of the 24 units)
+    extra_experts = (m.experts_per_token - 1) * m.moe_layers(m.num_layers) / m.num_layers
+    ffn = 24.0 * f + 16.0 * f * extra_experts
     scores = 0.0 if inputs.attention == "flash" else 5.0 * m.num_heads * s / (h * t)
     sp = run.sequence_parallel
     recompute = "none" if working else run.recompute

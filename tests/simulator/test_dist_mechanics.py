@@ -113,6 +113,21 @@ def test_pipeline_hop_gathers_the_activation_over_tp() -> None:
         assert lc.pp_hop_s == pytest.approx(send + (0.0 if sp else lc.tp_ag_s))
 
 
+def test_moe_activations_grow_with_experts_per_token() -> None:
+    """Top-k routing keeps k copies of each token's MLP activations (Korthikanti's 16 of the 24
+    tensor-parallel units, here ffn = 4h); it was the same memory for every k."""
+    run = RunConfig(tp=2, pp=2, dp=2, micro_batch_size=2)
+
+    def acts(k: int) -> float:
+        inputs = _tiny("model.num_experts=4", f"model.experts_per_token={k}")
+        return layer_activation_bytes(inputs, layout_of(inputs, run))
+
+    s, b, h, t = 128, 2, 256, 2
+    assert acts(1) == pytest.approx(s * b * h * (10 + 24 / t), rel=1e-12)  # bf16: 2-byte units
+    assert acts(2) - acts(1) == pytest.approx(s * b * h * 16 / t, rel=1e-12)
+    assert acts(4) - acts(1) == pytest.approx(3 * s * b * h * 16 / t, rel=1e-12)
+
+
 def test_zero3_holds_two_gathered_layers_not_the_whole_model() -> None:
     sets = ("cluster.num_gpus=384", "run.tp=1", "run.pp=1", "run.dp=384", "run.zero_stage=3")
     sets += ("run.schedule='1f1b'", "run.virtual_stages=1", "training.global_batch_size=384")
