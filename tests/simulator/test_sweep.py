@@ -374,3 +374,22 @@ def test_simulate_chunks_keep_shapes_whole_heaviest_first() -> None:
                 <= budget
             )
     assert len({_shape_key(p) for p in chunks[0]}) == 1  # the heaviest shape: a task of its own
+
+
+def test_the_screen_leads_the_tiering_to_the_exhaustive_best() -> None:
+    """Simulating only the screen's best 3 (+1 per cluster) finds the layout that simulating
+    all 44 finds; the two tiers agree on which layouts fit."""
+    from simulator.space import point_keys
+    from simulator.sweep_eval import select_candidates
+
+    scenario = load_scenario(TINY)
+    space = enumerate_space(scenario)
+    shared = build_shared(space, scenario.run)
+    screened = {r["key"]: r for r in run_sweep("screen", space.points, shared)}
+    full = {r["key"]: r for r in run_sweep("simulate", space.points, shared)}
+    assert set(screened) == set(full) == set(point_keys(space.points, space.contexts))
+    assert all(screened[k]["fits"] == full[k]["fits"] for k in full)
+    best = max(full.values(), key=lambda r: r["tokens_per_s"])
+    chosen = select_candidates(list(screened.values()), top=3, per_context=1)
+    assert len(chosen) < len(full) / 4
+    assert best["key"] in chosen
