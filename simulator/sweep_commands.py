@@ -326,6 +326,9 @@ def _plot(args: argparse.Namespace) -> int:
     _check_files(out, [f"{f}.png" for f in FIGURES], f"plot {args.dir}")
     from simulator.plots import plot_all
 
-    for path in plot_all(rows, out, by=args.rank):
+    figures = plot_all(rows, out, by=args.rank)
+    if not figures:  # it printed nothing and exited 0
+        raise InfeasibleConfig(f"plot {args.dir}: no simulated layout fits; no figure to draw")
+    for path in figures:
         print(path)
     return 0

@@ -255,6 +255,54 @@ def test_plot_refuses_nan_and_a_folder_where_a_figure_goes(
     _one_line_error(capsys, "pareto.png is not a file")
 
 
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("tokens_per_s", "abc"),  # TypeError: bad operand type for unary -
+        ("memory_gib_per_gpu", None),  # TypeError: '<' not supported ... NoneType
+        ("iteration_s", None),  # TypeError in the top-layouts bars
+        ("context", 5),  # AttributeError: 'int' object has no attribute 'rpartition'
+        ("bubble_fraction", "x"),  # ValueError: Unknown format code '%'
+        ("exposed_dp_s", "x"),
+        ("tokens_per_s", -5),  # drawn as a negative throughput
+        ("num_gpus", 0),
+        ("tp", 1.5),
+        ("fits", 1),
+    ],
+)
+def test_plot_of_hand_edited_rows_names_the_line_and_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], column: str, value: object
+) -> None:
+    assert _sweep(tmp_path / "ok") == 0
+    rows = [json.loads(line) for line in (tmp_path / "ok" / "rows.jsonl").read_text().splitlines()]
+    n = next(i for i, r in enumerate(rows) if r["tier"] == "simulate" and r["status"] == "ok")
+    rows[n][column] = value
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    (edited / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    capsys.readouterr()
+    assert main(["plot", str(edited)]) == 2
+    _one_line_error(capsys, f"rows.jsonl:{n + 1}: not a sweep row ({column}")
+    assert sorted(p.name for p in edited.iterdir()) == ["rows.jsonl"]
+
+
+def test_plot_of_rows_with_nothing_ranked_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only screened rows (every layout's simulation lost): it printed nothing and exited 0."""
+    assert _sweep(tmp_path / "ok") == 0
+    lines = (tmp_path / "ok" / "rows.jsonl").read_text().splitlines()
+    screened = [json.loads(line) | {"tier": "screen"} for line in lines]
+    only = tmp_path / "screened"
+    only.mkdir()
+    (only / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in screened))
+    capsys.readouterr()
+    assert main(["plot", str(only)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tilesim: infeasible: ") and "no figure" in err and "\n" not in err
+    assert sorted(p.name for p in only.iterdir()) == ["rows.jsonl"]
+
+
 def test_figures_named_for_the_checks_are_the_plots() -> None:
     from simulator.plots import PLOTS
 
