@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +21,26 @@ def _cell(entry: dict[str, Any], family: str) -> str:
     return f"**{mlp['mape_pct']:.1f}** / {roof['mape_pct']:.1f}"
 
 
-def validation_markdown(report: dict[str, Any]) -> str:
-    """Per-family MAPE (tile-mlp / roofline) for unseen GPUs and leave-one-GPU-out."""
+def validation_markdown(report: Any) -> str:
+    """Per-family MAPE (tile-mlp / roofline) for unseen GPUs and leave-one-GPU-out; a
+    `ReportError` for JSON that is not a `tilesim kernels validate` report (an empty table
+    would have replaced the README's)."""
     fams = [f.value for f in trained_families()]
+    splits = (("unseen", "unseen (trained on 5 GPUs)"), ("logo", "leave-one-GPU-out"))
+    if not isinstance(report, dict) or not any(
+        isinstance(report.get(s), dict) and report[s] for s, _ in splits
+    ):
+        raise ReportError("not a `tilesim kernels validate` report (no unseen or logo GPUs)")
     head = "| GPU | split | " + " | ".join(fams) + " |"
     lines = [head, "|" + "---|" * (len(fams) + 2)]
-    for split, label in (("unseen", "unseen (trained on 5 GPUs)"), ("logo", "leave-one-GPU-out")):
-        for device, entry in sorted(report.get(split, {}).items()):
-            cells = " | ".join(_cell(entry, f) for f in fams)
+    for split, label in splits:
+        entries = report.get(split) or {}
+        for device, entry in sorted(entries.items() if isinstance(entries, dict) else []):
+            try:
+                cells = " | ".join(_cell(entry, f) for f in fams)
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                msg = f"{split} {device}: not a validation entry ({type(e).__name__}: {e})"
+                raise ReportError(msg) from None
             lines.append(f"| {device} | {label} | {cells} |")
     return "\n".join(lines)
 
@@ -35,17 +49,45 @@ class ReportError(ValueError):
     """A README that cannot take a generated table; the message names the file and markers."""
 
 
-def update_readme(
-    path: Path, table: str, *, begin: str = TABLE_BEGIN, end: str = TABLE_END
-) -> None:
-    """Replace the block between two marker lines of ``path`` by ``table``."""
+def _readme_text(path: Path, markers: Sequence[tuple[str, str]]) -> str:
+    """The text of ``path``, checked to hold each (begin, end) marker pair once, in order."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ReportError(f"cannot read {path} as UTF-8 text: {e}") from e
-    if text.count(begin) != 1 or text.count(end) != 1:
-        raise ReportError(f"{path}: needs the markers {begin!r} and {end!r} once each")
-    start, stop = text.index(begin) + len(begin), text.index(end)
-    if stop < start:
-        raise ReportError(f"{path}: marker {end!r} comes before {begin!r}; put it after")
-    path.write_text(text[:start] + "\n" + table + "\n" + text[stop:], encoding="utf-8")
+    for begin, end in markers:
+        if text.count(begin) != 1 or text.count(end) != 1:
+            raise ReportError(f"{path}: needs the markers {begin!r} and {end!r} once each")
+        if text.index(end) < text.index(begin) + len(begin):
+            raise ReportError(f"{path}: marker {end!r} comes before {begin!r}; put it after")
+    return text
+
+
+def check_readme(path: Path, markers: Sequence[tuple[str, str]]) -> None:
+    """Refuse, before any work, a README that cannot take the tables between ``markers``."""
+    _readme_text(path, markers)
+
+
+def update_readme_tables(path: Path, blocks: Sequence[tuple[str, str, str]]) -> None:
+    """Replace the block between each (table, begin, end)'s marker lines of ``path`` by its
+    table: every table or none (all markers are checked first; the file is replaced whole)."""
+    text = _readme_text(path, [(begin, end) for _, begin, end in blocks])
+    for table, begin, end in blocks:
+        start, stop = text.index(begin) + len(begin), text.index(end)
+        text = text[:start] + "\n" + table + "\n" + text[stop:]
+    # a temporary file renamed over the README (forecast imports nothing of ours, so not
+    # simulator.rows.write_atomic): an interrupt never leaves it half-written
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def update_readme(
+    path: Path, table: str, *, begin: str = TABLE_BEGIN, end: str = TABLE_END
+) -> None:
+    """Replace the block between two marker lines of ``path`` by ``table``."""
+    update_readme_tables(path, [(table, begin, end)])

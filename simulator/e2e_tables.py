@@ -43,6 +43,7 @@ class Table:
 E2E_BEGIN, E2E_END = "<!-- e2e-validation:begin -->", "<!-- e2e-validation:end -->"
 FAMILY_BEGIN, FAMILY_END = "<!-- e2e-families:begin -->", "<!-- e2e-families:end -->"
 SAME_BEGIN, SAME_END = "<!-- e2e-same-kernel:begin -->", "<!-- e2e-same-kernel:end -->"
+E2E_MARKERS = ((E2E_BEGIN, E2E_END), (FAMILY_BEGIN, FAMILY_END), (SAME_BEGIN, SAME_END))
 
 
 def gpu_rows(runs: dict[str, list[PreparedRun]]) -> list[str]:

@@ -163,7 +163,10 @@ def _table(args: argparse.Namespace) -> int:
         report = json.loads(args.report.read_text())
     except (OSError, ValueError) as e:
         raise ConfigError(f"--report {args.report}: {e}; run `tilesim kernels validate`") from e
-    table = validation_markdown(report)
+    try:
+        table = validation_markdown(report)
+    except ReportError as e:
+        raise ConfigError(f"--report {args.report}: {e}; run `tilesim kernels validate`") from e
     if args.readme is None:
         print(table)
         return 0

@@ -15,9 +15,9 @@ from pydantic import ValidationError
 
 from forecast.gpus import GPUError, load_gpu
 from forecast.predict import LatencyModel, load_latency_model
-from forecast.report import update_readme
+from forecast.report import check_readme, update_readme_tables
 from simulator.e2e import E2EResult, predict_run
-from simulator.e2e_tables import e2e_runs, e2e_tables
+from simulator.e2e_tables import E2E_MARKERS, e2e_runs, e2e_tables
 from simulator.errors import ConfigError
 from simulator.models import DEFAULT_DATA_DIR, load_model
 from simulator.opgraph import Workload
@@ -162,10 +162,13 @@ def _validate_e2e(args: argparse.Namespace) -> int:
         from simulator.figures import figure_path
 
         figure_path(args.plot, "--plot")
+    if args.readme is not None:  # before the minutes of work, and all three tables or none
+        check_readme(args.readme, E2E_MARKERS)
     runs, skipped = e2e_runs(args.data)
-    for t in e2e_tables(args.data, runs):
-        if args.readme is not None:
-            update_readme(args.readme, t.markdown, begin=t.begin, end=t.end)
+    tables = e2e_tables(args.data, runs)
+    if args.readme is not None:
+        update_readme_tables(args.readme, [(t.markdown, t.begin, t.end) for t in tables])
+    for t in tables:
         print(t.markdown if args.markdown else f"{t.title}\n{t.markdown}\n")
     if not args.markdown:
         for folder, why in skipped.items():

@@ -10,7 +10,7 @@ import json
 import typing
 from pathlib import Path
 
-from forecast.report import update_readme
+from forecast.report import check_readme, update_readme
 from simulator.dist_validate import (
     LABEL_GPU,
     PUBLISHED,
@@ -102,6 +102,8 @@ ZERO3_FIT_MODEL = "174.6B"  # the GPT-3 175B rows
 def _validate_distributed(args: argparse.Namespace) -> int:
     if args.readme is not None and args.labels_only:
         raise ConfigError("--readme needs the published runs too; drop --labels-only")
+    if args.readme is not None:  # before the work, not after it
+        check_readme(args.readme, [(DIST_BEGIN, DIST_END)])
     labels = args.data / LABEL_GPU
     if not labels.is_dir():
         raise ConfigError(f"--data {args.data}: no {LABEL_GPU}; give the NeuSight data folder")

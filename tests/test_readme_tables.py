@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from forecast.report import TABLE_BEGIN, TABLE_END, ReportError, update_readme, validation_markdown
+from forecast.report import (
+    TABLE_BEGIN,
+    TABLE_END,
+    ReportError,
+    update_readme,
+    update_readme_tables,
+    validation_markdown,
+)
+from simulator.cli import main
 from simulator.kernel_commands import VALIDATION_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,3 +67,66 @@ def test_update_readme_replaces_only_between_the_markers(tmp_path: Path) -> None
     readme.write_text("a\nBEGIN\nold\nEND\nb\n")
     update_readme(readme, "TABLE", begin="BEGIN", end="END")
     assert readme.read_text() == "a\nBEGIN\nTABLE\nEND\nb\n"
+
+
+def test_update_readme_tables_writes_every_table_or_none(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("a\nB1\nold\nE1\nb\n")
+    with pytest.raises(ReportError, match="B2"):
+        update_readme_tables(readme, [("T1", "B1", "E1"), ("T2", "B2", "E2")])
+    assert readme.read_text() == "a\nB1\nold\nE1\nb\n"
+    readme.write_text("a\nB1\nold\nE1\nB2\nE2\n")
+    update_readme_tables(readme, [("T1", "B1", "E1"), ("T2", "B2", "E2")])
+    assert readme.read_text() == "a\nB1\nT1\nE1\nB2\nT2\nE2\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md"]
+
+
+@pytest.mark.parametrize(
+    ("report", "needle"),
+    [
+        ("[1]", "not a `tilesim kernels validate` report"),  # AttributeError traceback
+        ("{}", "not a `tilesim kernels validate` report"),  # printed an empty table, exit 0
+        ('{"x": 1}', "not a `tilesim kernels validate` report"),
+        ('{"unseen": {"L4": 1}}', "unseen L4: not a validation entry"),
+    ],
+)
+def test_kernels_table_refuses_json_that_is_no_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], report: str, needle: str
+) -> None:
+    """With --readme, the empty table replaced the README's."""
+    (tmp_path / "v.json").write_text(report)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"a\n{TABLE_BEGIN}\nold\n{TABLE_END}\n")
+    argv = ["kernels", "table", "--report", str(tmp_path / "v.json"), "--readme", str(readme)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--report" in err and needle in err and len(err.strip().splitlines()) == 1
+    assert readme.read_text() == f"a\n{TABLE_BEGIN}\nold\n{TABLE_END}\n"
+
+
+def test_validate_e2e_readme_is_checked_first_and_written_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A README with the first table's markers only: the first table was written, then the
+    second failed (after the whole validation had run)."""
+    from simulator.e2e_tables import E2E_BEGIN, E2E_END
+
+    (tmp_path / "labels").mkdir()  # no kernel data: the README is refused before it is read
+    readme = tmp_path / "README.md"
+    body = f"a\n{E2E_BEGIN}\nold\n{E2E_END}\n"
+    readme.write_text(body)
+    assert main(["validate", "e2e", "--data", str(tmp_path), "--readme", str(readme)]) == 2
+    err = capsys.readouterr().err
+    assert "e2e-families:begin" in err and len(err.strip().splitlines()) == 1
+    assert readme.read_text() == body
+
+
+def test_validate_distributed_readme_is_checked_before_the_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("no markers\n")
+    argv = ["validate", "distributed", "--data", str(tmp_path), "--readme", str(readme)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "dist-validation:begin" in err and len(err.strip().splitlines()) == 1
