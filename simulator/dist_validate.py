@@ -29,10 +29,13 @@ all-gather and reduce-scatter of the column-parallel linears).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from simulator.e2e_validate import read_label
+from simulator.errors import ConfigError
 from simulator.models import DEFAULT_DATA_DIR
 from simulator.scenario import Scenario, parse_scenario, resolve
 from simulator.simulate import latency_table, simulate
@@ -198,7 +201,7 @@ def check_labels(*, latency_model: str = "auto", data_dir: Path = DEFAULT_DATA_D
     out = []
     for layout in LABEL_LAYOUTS:
         label = data_dir / LABEL_GPU / f"gpt2_large-train-1024-4-{layout}.json"
-        measured_s = json.loads(label.read_text())["e2e_latency"] / 1e3
+        measured_s = read_label(label, ("e2e_latency",))["e2e_latency"] / 1e3
         scenario = label_scenario(layout, latency_model=latency_model, data_dir=data_dir)
         res, took = _run(scenario)
         err = res.forward_backward_s / measured_s - 1
@@ -208,18 +211,53 @@ def check_labels(*, latency_model: str = "auto", data_dir: Path = DEFAULT_DATA_D
     return out
 
 
+def load_published(path: Path) -> list[dict[str, Any]]:
+    """The runs of a ``dev_runs.json``: a non-empty JSON list of objects with a text ``id``;
+    anything else is a `ConfigError` naming the file."""
+    fix = "give the published runs (shared/data/published/dev_runs.json)"
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"{path}: cannot read it as JSON ({e}); {fix}") from None
+    if not isinstance(rows, list) or not rows:
+        raise ConfigError(f"{path}: expected a non-empty JSON list of runs; {fix}")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict) or not isinstance(row.get("id"), str):
+            raise ConfigError(f"{path}: run {i} is not an object with a text id; {fix}")
+    return rows
+
+
+def _measured(row: dict[str, Any]) -> tuple[str, float]:
+    """(metric, measured value) of a published run, a positive finite number."""
+    m = row["measured"]
+    metric, key = (
+        ("TFLOP/s", "tflops_per_gpu")
+        if "tflops_per_gpu" in m
+        else ("iteration s", "iteration_time_s")
+    )
+    value = float(m[key])
+    if not 0 < value < math.inf:
+        raise ValueError(f"measured.{key} must be a positive number, got {m[key]!r}")
+    return metric, value
+
+
 def check_published(*, latency_model: str = "auto", path: Path = PUBLISHED) -> list[Check]:
     """Every published development run: TFLOP/s per GPU (or iteration time)."""
     out = []
-    for row in json.loads(path.read_text()):
-        res, took = _run(published_scenario(row, latency_model=latency_model))
-        m = row["measured"]
-        if "tflops_per_gpu" in m:
-            meas, pred = float(m["tflops_per_gpu"]), res.hardware_tflops_per_gpu
-            out.append(Check(row["id"], "TFLOP/s", meas, pred, pred / meas - 1, took))
+    for row in load_published(path):
+        try:
+            metric, meas = _measured(row)
+            scenario = published_scenario(row, latency_model=latency_model)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            why = f"lacks {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
+            raise ConfigError(f"{path}: run {row['id']}: {why}") from None
+        res, took = _run(scenario)
+        if metric == "TFLOP/s":
+            pred = res.hardware_tflops_per_gpu
+            out.append(Check(row["id"], metric, meas, pred, pred / meas - 1, took))
         else:
-            meas, pred = float(m["iteration_time_s"]), res.iteration_s
-            out.append(Check(row["id"], "iteration s", meas, pred, meas / pred - 1, took))
+            pred = res.iteration_s
+            out.append(Check(row["id"], metric, meas, pred, meas / pred - 1, took))
     return out
 
 

@@ -9,9 +9,11 @@ folders whose device has no catalog entry (MI250) are skipped with a reason. Fus
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +24,7 @@ from forecast.kernels import Dtype, KernelSpec, OpFamily
 from forecast.predict import LatencyModel, LatencyTable
 from forecast.stream import stream_table
 from simulator.e2e import Overheads, predict_graph
+from simulator.errors import ConfigError
 from simulator.label_trace import TABLED, trace_backward_ms, trace_family_ms, trace_kernels
 from simulator.models import ModelSpec, load_model
 from simulator.opgraph import OpGraph, Phase, Workload, build_ops
@@ -67,6 +70,31 @@ def _folder_gpu(folder: Path) -> GPUSpec | None:
         return None
 
 
+LABEL_TIMES = ("e2e_latency", "fw_latency", "bwall_latency")
+
+
+def read_label(path: Path, times: tuple[str, ...] = LABEL_TIMES) -> dict[str, Any]:
+    """A label JSON whose ``times`` (ms) are finite numbers, e2e positive (backward is 0 for
+    inference, forward 0 in the 4-GPU labels); else a `ConfigError` naming file and key."""
+    fix = "give the NeuSight data folder with --data"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"{path}: cannot read it as a JSON label ({e}); {fix}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a label is a JSON object; {fix}")
+    for key in times:
+        v = raw.get(key)
+        if not (
+            isinstance(v, int | float)
+            and not isinstance(v, bool)
+            and math.isfinite(v)
+            and (v > 0 or (v == 0 and key != "e2e_latency"))
+        ):
+            raise ConfigError(f"{path}: {key} must be a finite time in ms, got {v!r}; {fix}")
+    return raw
+
+
 def load_labels(data_dir: Path) -> tuple[list[Label], dict[str, str]]:
     """All single-GPU labels, and the skipped GPU folders with their reason."""
     labels: list[Label] = []
@@ -80,7 +108,7 @@ def load_labels(data_dir: Path) -> tuple[list[Label], dict[str, str]]:
             m = RUN_NAME.match(path.stem)
             if m is None:
                 continue
-            raw = json.loads(path.read_text())
+            raw = read_label(path)
             run = Workload(batch=int(m["batch"]), seq=int(m["seq"]), mode=m["mode"])  # type: ignore[arg-type]
             model = MODEL_ALIASES.get(m["model"], m["model"])
             trace = trace_family_ms(path.with_suffix(".csv.gz"), int(raw.get("num_layer") or 0))

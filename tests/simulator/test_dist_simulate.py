@@ -253,3 +253,47 @@ def test_console_script_runs_the_command_line(capsys: pytest.CaptureFixture[str]
 
     assert launch.main(["list", "gpus"]) == 0
     assert "h100-sxm5-80gb" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("{", "cannot read it as JSON"),  # JSONDecodeError traceback
+        ("[1]", "run 0 is not an object with a text id"),  # TypeError traceback
+        ("{}", "expected a non-empty JSON list of runs"),  # no published rows, exit 0
+        ("[]", "expected a non-empty JSON list of runs"),
+        ('[{"id": "r1"}]', "run r1: lacks 'measured'"),
+        ('[{"id": "r1", "measured": {"tflops_per_gpu": 0}}]', "measured.tflops_per_gpu"),
+    ],
+)
+def test_published_runs_that_are_no_runs_name_the_file(
+    tmp_path: Path, text: str, needle: str
+) -> None:
+    from simulator.dist_validate import check_published
+
+    path = tmp_path / "runs.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"runs\.json") as info:
+        check_published(path=path)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("garbage", "cannot read it as a JSON label"),  # JSONDecodeError traceback
+        ('{"e2e_latency": "x"}', "e2e_latency must be a finite time in ms"),  # TypeError
+        ('{"e2e_latency": -5}', "e2e_latency must be a finite time in ms, got -5"),
+    ],
+)
+def test_validate_distributed_names_a_broken_label(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, needle: str
+) -> None:
+    from simulator.dist_validate import LABEL_GPU
+
+    folder = tmp_path / LABEL_GPU
+    folder.mkdir(parents=True)
+    (folder / "gpt2_large-train-1024-4-dp4.json").write_text(text)
+    assert main(["validate", "distributed", "--labels-only", "--data", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "dp4.json" in err[0] and needle in err[0]
