@@ -14,6 +14,7 @@ kernels, and its TFLOP/s is their FLOPs over their summed time.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -59,32 +60,62 @@ class Case:
         return sum(k.flops() for k in self.kernels)
 
 
+def _positive(value: Any, what: str) -> float:
+    v = float(value)
+    if not 0 < v < math.inf:
+        raise ValueError(f"{what} must be a positive number, got {value!r}")
+    return v
+
+
+def _record_cases(rec: dict[str, Any]) -> tuple[list[Case], float | None]:
+    """The cases of one GPU's record, and its HBM stream efficiency (None if not measured)."""
+    gpu_id = str(rec["gpu"])
+    cases: list[Case] = []
+    for g in rec.get("gemm_cublaslt", []):
+        m, n, k = int(g["m"]), int(g["n"]), int(g["k"])
+        kernel = KernelSpec(OpFamily.BMM, (1, m, k, n), Dtype(g["dtype"]))  # reduce k
+        tflops = _positive(g["tflops"], "gemm tflops")
+        cases.append(Case(gpu_id, (kernel,), tflops, f"gemm {m}x{n}x{k}"))
+    fa = rec.get("flash_attention_2")
+    if fa:
+        hd, seq = int(fa["head_dim"]), int(fa["seq_len"])
+        bh = int(fa["batch"]) * FA_BENCH_MODEL_DIM // hd
+        pair = tuple(
+            KernelSpec(OpFamily.ATTENTION, (bh, seq, seq, hd), Dtype.FP16, op)
+            for op in ("attention", "attention_bwd")
+        )
+        label = f"fa2 fwd+bwd d{hd} s{seq} bh{bh}"
+        cases.append(Case(gpu_id, pair, _positive(fa["tflops"], "flash_attention_2 tflops"), label))
+    stream = rec.get("hbm_stream_TBps", {}).get("triad")
+    hbm = _positive(stream, "hbm_stream_TBps.triad") * 1e12 if stream else None
+    return cases, (hbm / load_gpu(gpu_id).hbm_bw_bytes_per_s if hbm else None)
+
+
 def benchmark_cases(data_dir: Path = DEFAULT_DATA_DIR) -> tuple[list[Case], dict[str, float]]:
-    """GEMM and flash-attention cases of microbenchmarks.json, and HBM efficiency per GPU."""
-    records = json.loads((data_dir / "microbenchmarks.json").read_text())
+    """GEMM and flash-attention cases of microbenchmarks.json, and HBM efficiency per GPU; a
+    `TensorCoreError` naming the file for one that cannot be read or holds no such case."""
+    path, fix = data_dir / "microbenchmarks.json", "pass --data <shared>/data/hardware"
+    try:
+        records = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise TensorCoreError(f"cannot read {path} ({e}); {fix}") from None
+    if not isinstance(records, list):
+        raise TensorCoreError(f"{path}: expected a JSON list of one object per GPU; {fix}")
     cases: list[Case] = []
     hbm: dict[str, float] = {}
-    for rec in records:
-        gpu_id = str(rec["gpu"])
-        if BLIND_GPU in gpu_id.lower():
-            continue
-        for g in rec.get("gemm_cublaslt", []):
-            m, n, k = int(g["m"]), int(g["n"]), int(g["k"])
-            kernel = KernelSpec(OpFamily.BMM, (1, m, k, n), Dtype(g["dtype"]))  # reduce k
-            cases.append(Case(gpu_id, (kernel,), float(g["tflops"]), f"gemm {m}x{n}x{k}"))
-        fa = rec.get("flash_attention_2")
-        if fa:
-            hd, seq = int(fa["head_dim"]), int(fa["seq_len"])
-            bh = int(fa["batch"]) * FA_BENCH_MODEL_DIM // hd
-            pair = tuple(
-                KernelSpec(OpFamily.ATTENTION, (bh, seq, seq, hd), Dtype.FP16, op)
-                for op in ("attention", "attention_bwd")
-            )
-            label = f"fa2 fwd+bwd d{hd} s{seq} bh{bh}"
-            cases.append(Case(gpu_id, pair, float(fa["tflops"]), label))
-        stream = rec.get("hbm_stream_TBps", {}).get("triad")
-        if stream:
-            hbm[gpu_id] = float(stream) * 1e12 / load_gpu(gpu_id).hbm_bw_bytes_per_s
+    for i, rec in enumerate(records):
+        try:
+            if BLIND_GPU in str(rec["gpu"]).lower():
+                continue
+            mine, efficiency = _record_cases(rec)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            why = f"lacks {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
+            raise TensorCoreError(f"{path}: record {i}: {why}; {fix}") from None
+        cases += mine
+        if efficiency is not None:
+            hbm[str(rec["gpu"])] = efficiency
+    if not cases:
+        raise TensorCoreError(f"{path}: no gemm_cublaslt or flash_attention_2 measurement; {fix}")
     return cases, hbm
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -133,3 +134,29 @@ def test_an_unknown_holdout_is_refused_not_ignored(capsys: pytest.CaptureFixture
     assert main(["kernels", "tc-calibrate", "--holdout", "foo"]) == 2
     err = capsys.readouterr().err
     assert "holdout 'foo'" in err and "h200-sxm-141gb" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "cannot read"),  # no file: the error did not name --data
+        ("garbage{", "cannot read"),  # JSONDecodeError traceback
+        ('{"x": 1}', "expected a JSON list"),  # TypeError traceback
+        ("[]", "no gemm_cublaslt or flash_attention_2"),  # "hold out one of , or 'none'"
+        ('[{"gpu": "a100-sxm4-80gb", "gemm_cublaslt": [{"m": 1}]}]', "record 0: lacks 'n'"),
+        (
+            '[{"gpu": "a100-sxm4-80gb", "gemm_cublaslt": '
+            '[{"m": 1, "n": 2, "k": 3, "dtype": "fp16", "tflops": 0}]}]',
+            "gemm tflops must be a positive number",
+        ),
+    ],
+)
+def test_tc_calibrate_names_a_broken_microbenchmarks_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None, needle: str
+) -> None:
+    if content is not None:
+        (tmp_path / "microbenchmarks.json").write_text(content)
+    assert main(["kernels", "tc-calibrate", "--data", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "microbenchmarks.json" in err and needle in err and "--data" in err
+    assert err.count("\n") == 1
