@@ -32,9 +32,19 @@ def _breakdown_s(r: Row) -> dict[str, float]:
     return parts
 
 
+def time_unit(seconds: float) -> tuple[str, float]:
+    """The unit (s, ms or us) in which ``seconds`` reads as at least 1, and its scale: a
+    0.0002 s axis in seconds printed ticks of eight digits that ran into each other."""
+    for unit, scale in (("s", 1.0), ("ms", 1e3)):
+        if seconds * scale >= 1:
+            return unit, scale
+    return "us", 1e6
+
+
 def plot_top_layouts(rows: Sequence[Row], path: Path, *, by: str = "tokens", k: int = 12) -> Path:
     """Horizontal stacked bars: the best layouts' step time by part."""
     top = rank(rows, by)[:k][::-1]
+    unit, scale = time_unit(max(r["iteration_s"] for r in top))
     fig, ax = plt.subplots(figsize=(11, 0.45 * max(4, len(top)) + 1.5))
     labels = [
         f"{r['context']}  {layout_label(r)}  ({r['tokens_per_s']:,.0f} tok/s, "
@@ -43,12 +53,12 @@ def plot_top_layouts(rows: Sequence[Row], path: Path, *, by: str = "tokens", k: 
     ]
     left = [0.0] * len(top)
     for part, color in zip(PARTS, COLORS, strict=True):
-        widths = [_breakdown_s(r)[part] for r in top]
+        widths = [_breakdown_s(r)[part] * scale for r in top]
         if any(w > 0 for w in widths):
             ax.barh(labels, widths, left=left, color=color, label=part)
             left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.set_xlabel(
-        "step time, s: the critical path's compute, exposed communication and optimizer "
+        f"step time, {unit}: the critical path's compute, exposed communication and optimizer "
         "(bubble: a GPU's mean idle share)"
     )
     ax.set_title(f"Top {len(top)} layouts by {RANKING_NAMES[by]} (best at the top)")

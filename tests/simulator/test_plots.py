@@ -25,3 +25,14 @@ def test_top_layout_bars_add_up_to_the_step_with_compute_left_over() -> None:
         # 20 of these 44 layouts' bars overran their step when it was)
         others = sum(v for k, v in parts.items() if k != "compute")
         assert r["iteration_s"] - others == pytest.approx(parts["compute"]) and others > 0
+
+
+@pytest.mark.parametrize(
+    ("seconds", "unit", "scale"),
+    [(12.0, "s", 1.0), (1.0, "s", 1.0), (0.25, "ms", 1e3), (0.00021, "us", 1e6), (0.0, "us", 1e6)],
+)
+def test_step_time_axis_unit_reads_at_least_one(seconds: float, unit: str, scale: float) -> None:
+    """tiny-gpt's 0.0002 s steps drew ticks 0.000000 0.000025 ... that overlapped."""
+    from simulator.plots import time_unit
+
+    assert time_unit(seconds) == (unit, scale)
