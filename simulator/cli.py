@@ -102,7 +102,17 @@ def _parse_degrade(text: str) -> Degradation:
         raise TopologyError(msg) from e
 
 
+MAX_COLLECTIVE_BYTES = 2**50  # 1 PiB: far beyond any one collective a training step runs
+
+
 def _collective(args: argparse.Namespace) -> int:
+    size = args.bytes
+    if not (1 <= size <= MAX_COLLECTIVE_BYTES and size == int(size)):
+        raise ConfigError(f"--bytes {size:g}: give a whole number of bytes from 1 to 2^50 (1 PiB)")
+    if args.gpus < 2:
+        raise ConfigError(
+            f"--gpus {args.gpus}: a collective needs 2 or more ranks; use --gpus 2 or more"
+        )
     degr = tuple(_parse_degrade(d) for d in args.degrade)
     cluster = load_cluster(args.cluster, gpus=args.gpus, network=args.network, degradations=degr)
     ranks = range(args.gpus)

@@ -27,6 +27,11 @@ def test_collective_forced_algorithm(capsys: pytest.CaptureFixture[str]) -> None
     "extra",
     [
         ["--bytes", "0", "--gpus", "8", "--cluster", "dgx-h100"],
+        ["--bytes", "1.5", "--gpus", "8", "--cluster", "dgx-h100"],
+        ["--bytes", "1e300", "--gpus", "8", "--cluster", "dgx-h100"],
+        ["--bytes", "nan", "--gpus", "8", "--cluster", "dgx-h100"],
+        ["--bytes", "1e6", "--gpus", "0", "--cluster", "dgx-h100"],
+        ["--bytes", "1e6", "--gpus", "1", "--cluster", "dgx-h100"],
         ["--bytes", "1e6", "--gpus", "8", "--cluster", "no-such-box"],
         ["--bytes", "1e6", "--gpus", "99999999", "--cluster", "dgx-h100"],
         ["--bytes", "1e6", "--gpus", "16", "--cluster", "dgx-h100", "--network", "x"],
@@ -38,6 +43,10 @@ def test_bad_input_exit_2(extra: list[str], capsys: pytest.CaptureFixture[str]) 
     assert main(["collective", "--op", "all-reduce", *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("tilesim: error:") and "\n" not in err
+    if extra[1] != "1e6":
+        assert "--bytes" in err
+    if extra[3] in ("0", "1"):
+        assert "--gpus" in err and "2 or more" in err
 
 
 @pytest.mark.parametrize("kind", ["gpus", "servers", "networks"])
