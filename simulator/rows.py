@@ -306,6 +306,8 @@ def load_rows(out_dir: Path) -> list[Row]:
         raise FileNotFoundError(f"{path}: no rows (run `tilesim sweep` first)")
     if not path.is_file():
         raise ConfigError(f"{path}: not a file; give a sweep folder or its rows.jsonl")
+    if path.name != "rows.jsonl":  # progress.jsonl is the sweep's log: both tiers, reruns
+        raise ConfigError(f"{path}: not a rows.jsonl; give a sweep folder or its rows.jsonl")
     fix = "give a folder written by `tilesim sweep` (or rerun the sweep)"
     try:
         lines = path.read_bytes().decode().splitlines()

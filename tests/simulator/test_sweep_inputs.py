@@ -286,6 +286,19 @@ def test_plot_of_hand_edited_rows_names_the_line_and_column(
     assert sorted(p.name for p in edited.iterdir()) == ["rows.jsonl"]
 
 
+def test_plot_of_the_sweep_log_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """progress.jsonl holds rows of both tiers: it was plotted over the sweep's figures."""
+    assert _sweep(tmp_path / "ok") == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "ok").iterdir()}
+    capsys.readouterr()
+    assert main(["plot", str(tmp_path / "ok" / "progress.jsonl")]) == 2
+    _one_line_error(capsys, "progress.jsonl: not a rows.jsonl")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "ok").iterdir()} == before
+    assert main(["plot", str(tmp_path / "ok" / "rows.jsonl")]) == 0
+
+
 def test_plot_of_rows_with_nothing_ranked_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
