@@ -33,10 +33,10 @@ from simulator.rows import (
     Row,
     code_fingerprint,
     final_rows,
-    load_rows,
     write_rows,
     write_text_atomic,
 )
+from simulator.saved_rows import load_rows
 from simulator.scenario import Scenario, load_scenario
 from simulator.space import Point, Space, enumerate_space, find_scenario, point_keys
 from simulator.sweep import Executor, RayOptions, check_address, ray_session, run_sweep

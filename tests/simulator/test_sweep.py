@@ -18,7 +18,7 @@ import pytest
 from simulator.cli import main
 from simulator.errors import ConfigError
 from simulator.report import procurement_table, rank
-from simulator.rows import load_rows
+from simulator.saved_rows import load_rows
 from simulator.scenario import load_scenario, resolve
 from simulator.schedules import SCHEDULES, in_flight
 from simulator.screen import ScreenCache, in_flight_closed, screen

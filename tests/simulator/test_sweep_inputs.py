@@ -16,7 +16,8 @@ from forecast.gpus import CATALOG_DIR as GPUS_DIR
 from simulator import sweep_commands
 from simulator.cli import main
 from simulator.errors import ConfigError
-from simulator.rows import PROGRESS, load_rows
+from simulator.rows import PROGRESS
+from simulator.saved_rows import load_rows
 from simulator.scenario import load_scenario
 from simulator.space import enumerate_space, find_scenario
 from simulator.sweep import check_address, run_sweep
