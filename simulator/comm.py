@@ -131,11 +131,23 @@ def dp_param_gather_s(params: float, inputs: SimInputs, layout: Layout) -> float
 DEEPSPEED_2021_ZERO3_EFFICIENCY = 0.445
 
 
+def grad_buckets(layout: Layout) -> int:
+    """Collectives one chunk's gradient reduction runs as: ``buckets`` with
+    ``overlap_grad_reduce``, else one (Megatron-LM then sets no bucket size)."""
+    return layout.run.buckets if layout.run.overlap_grad_reduce else 1
+
+
+def param_gather_buckets(layout: Layout) -> int:
+    """Buckets a stage's updated weights are all-gathered in with ``overlap_param_gather``: one
+    chunk's ``buckets`` over every chunk of the stage. Without ``overlap_grad_reduce`` there is
+    one bucket (Megatron-LM has none then, and refuses --overlap-param-gather)."""
+    return grad_buckets(layout) * layout.chunks if layout.run.overlap_param_gather else 1
+
+
 def grad_sync_s(params: float, inputs: SimInputs, layout: Layout) -> float:
-    """One chunk's gradient reduction as it runs: with ``overlap_grad_reduce``, ``buckets``
-    collectives of ``1/buckets`` of the gradients each (every bucket pays its own launch and
-    latency), else one collective of them all."""
-    n = layout.run.buckets if layout.run.overlap_grad_reduce else 1
+    """One chunk's gradient reduction as it runs: `grad_buckets` collectives of an equal share
+    of the gradients each (every bucket pays its own launch and latency)."""
+    n = grad_buckets(layout)
     return n * dp_grad_s(params / n, inputs, layout)
 
 
@@ -143,9 +155,8 @@ def param_gather_exposed_s(params: float, inputs: SimInputs, layout: Layout) -> 
     """The part of the sharded optimizer's all-gather of a stage's updated weights (``params``)
     that the step waits for: all of it, or with ``overlap_param_gather`` (Megatron-LM's
     ``--overlap-param-gather``: bucket by bucket under the next forward) the first bucket's
-    all-gather, of ``1/buckets`` of the weights."""
-    n = layout.run.buckets if layout.run.overlap_param_gather else 1
-    return dp_param_gather_s(params / n, inputs, layout)
+    all-gather, one of `param_gather_buckets`."""
+    return dp_param_gather_s(params / param_gather_buckets(layout), inputs, layout)
 
 
 def zero3_blocking_s(

@@ -64,7 +64,8 @@ class RunConfig(BaseModel):
     overlap_param_gather: bool = Field(
         default=False,
         description="the sharded optimizer's all-gather of updated weights runs bucket by bucket "
-        "under the next forward (Megatron-LM --overlap-param-gather): only the first bucket waits",
+        "under the next forward (Megatron-LM --overlap-param-gather): only the first bucket "
+        "of the first chunk waits; needs overlap_grad_reduce (else one bucket)",
     )
     zero3_impl: Zero3Impl = Field(
         default="fsdp",

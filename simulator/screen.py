@@ -30,8 +30,10 @@ from forecast.predict import LatencyTable
 from simulator.comm import (
     LayerComm,
     collective_s,
+    grad_buckets,
     grad_itemsize_bytes,
     layer_comm,
+    param_gather_buckets,
     param_itemsize_bytes,
     zero3_blocking_s,
 )
@@ -144,13 +146,12 @@ def _dp_s(cache: ScreenCache, layout: Layout, params: float, backward_s: float) 
         scatter = cache.dp("reduce-scatter", grads * per_chunk, layout)
         return layout.num_micro_batches * layout.chunks * (2 * gather + scatter)
     op = "reduce-scatter" if run.shards_optimizer else "all-reduce"
-    n = layout.chunks * (run.buckets if run.overlap_grad_reduce else 1)  # as `comm.grad_sync_s`
+    n = layout.chunks * grad_buckets(layout)  # as `comm.grad_sync_s`, over every chunk
     grad = n * cache.dp(op, grads / n, layout)
     hidden = min(grad, backward_s) * (1 - 1 / run.buckets) if run.overlap_grad_reduce else 0.0
     exposed = grad - hidden
     if run.shards_optimizer:  # as `comm.param_gather_exposed_s`
-        first = run.buckets if run.overlap_param_gather else 1
-        exposed += cache.dp("all-gather", weights / first, layout)
+        exposed += cache.dp("all-gather", weights / param_gather_buckets(layout), layout)
     return exposed
 
 
