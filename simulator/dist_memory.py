@@ -9,8 +9,9 @@ computing and the one prefetched: two layers, or a layer and an embedding table 
 over a group of one rank nothing is sharded and nothing is gathered.
 
 Activations per layer and micro-batch (Korthikanti et al. 2022, eq. 2 and section 4, in
-2-byte units, scaled by the element size; ``s`` = seq/cp, FFN term scaled by ffn/4h; a MoE
-layer routing each token to ``k`` experts keeps ``k - 1`` more copies of the MLP's 16 units):
+2-byte units, scaled by the element size; ``s`` = seq/cp; of the ``24/t`` the MLP's 16 scale
+with ffn/4h and are 24 for SwiGLU, and a MoE layer routing each token to ``k`` experts keeps
+them ``k`` times: `memory.parallel_units`):
 no recompute ``s*b*h*(10 + 24/t + 5as/(ht))`` (``34/t`` with sequence parallelism; the
 ``5as/h`` score term vanishes with flash attention, `SimInputs.attention`),
 selective recompute drops the score term, full recompute keeps only the layer input
@@ -25,6 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from forecast.kernels import ITEMSIZE_BYTES
 from simulator.comm import grad_itemsize_bytes, param_itemsize_bytes
+from simulator.memory import parallel_units
 from simulator.parallel import Layout
 from simulator.scenario import SimInputs
 from simulator.stagecost import end_tensors
@@ -53,17 +55,14 @@ def layer_activation_bytes(inputs: SimInputs, layout: Layout, *, working: bool =
     """Bytes one layer keeps per micro-batch (``working``: as if not recomputed)."""
     run, m = layout.run, inputs.model
     s, b, h, t = inputs.seq_len // run.cp, run.micro_batch_size, m.hidden_size, run.tp
-    f = m.ffn_hidden_size / (4.0 * h)
-    # MoE: each token's further experts keep their own MLP activations (16 of the 24 units)
-    extra_experts = (m.experts_per_token - 1) * m.moe_layers(m.num_layers) / m.num_layers
-    ffn = 24.0 * f + 16.0 * f * extra_experts
+    par = parallel_units(m)  # attention's 8, the MLP's per expert of a token (MoE top-k)
     scores = 0.0 if inputs.attention == "flash" else 5.0 * m.num_heads * s / (h * t)
     sp = run.sequence_parallel
     recompute = "none" if working else run.recompute
     if recompute == "full":
         units = 2.0 / t if sp else 2.0
     else:
-        units = (10.0 + ffn) / t if sp else 10.0 + ffn / t
+        units = (10.0 + par) / t if sp else 10.0 + par / t
         units += scores if recompute == "none" else 0.0
     return s * b * h * units * ITEMSIZE_BYTES[inputs.dtype] / 2.0
 

@@ -2,7 +2,8 @@
 
 Closed forms, per Korthikanti et al. 2022 (arXiv 2205.05198, eq. 2) scaled from 2-byte to the
 workload's element size: one layer stores ``s*b*h*(34 + 5*a*s/h)`` bytes of activations in
-16-bit (the ``5as/h`` attention-score term vanishes with flash attention, i.e. ``megatron``);
+16-bit (the ``5as/h`` attention-score term vanishes with flash attention, i.e. ``megatron``;
+the MLP's 16 of the 34 scale with ffn / 4h, and are 24 for SwiGLU: `parallel_units`);
 inference keeps two layers' worth alive. Adam keeps two fp32 moments per parameter, plus an
 fp32 master copy when training in a 16-bit type.
 """
@@ -33,12 +34,23 @@ class MemoryEstimate(BaseModel):
     fits: bool
 
 
+def parallel_units(model: ModelSpec) -> float:
+    """The tensor-parallel part of eq. 2's per-token activations of one layer (24 at ffn = 4h,
+    in 2-byte units of ``h``): attention's 8 (Q, K, V, the projection's input) and the MLP's
+    saved intermediates, ``2 * ffn / h`` each: GeLU's input and fc2's input (16 at ffn = 4h),
+    SwiGLU's gate, up and fc2's input (24 at ffn = 4h). A MoE layer keeps that MLP part once
+    per expert a token goes to (``experts_per_token``), averaged over the share of MoE layers."""
+    saved = 3.0 if model.activation == "swiglu" else 2.0
+    mlp = saved * 2.0 * model.ffn_hidden_size / model.hidden_size
+    moe_share = model.moe_layers(model.num_layers) / model.num_layers
+    return 8.0 + mlp * (1.0 + (model.experts_per_token - 1) * moe_share)
+
+
 def layer_activation_bytes(model: ModelSpec, run: Workload) -> float:
     """Activation bytes one layer keeps for its backward pass."""
     s, b, h, a = run.seq, run.batch, model.hidden_size, model.num_heads
     scores = 0.0 if run.framework == "megatron" else 5.0 * a * s / h
-    ffn_scale = model.ffn_hidden_size / (4.0 * h)  # eq. 2 assumes ffn = 4h
-    per_token = 10.0 + 24.0 * ffn_scale + scores
+    per_token = 10.0 + parallel_units(model) + scores
     return s * b * h * per_token * ITEMSIZE_BYTES[run.dtype] / 2.0
 
 

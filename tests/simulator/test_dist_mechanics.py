@@ -18,6 +18,7 @@ from simulator.comm import (
 )
 from simulator.dist_memory import layer_activation_bytes, stage_memory
 from simulator.dist_validate import published_scenario
+from simulator.memory import parallel_units
 from simulator.models import load_model
 from simulator.parallel import RunConfig
 from simulator.scenario import SimInputs, load_scenario, resolve
@@ -127,6 +128,27 @@ def test_moe_activations_grow_with_experts_per_token() -> None:
     assert acts(1) == pytest.approx(s * b * h * (10 + 24 / t), rel=1e-12)  # bf16: 2-byte units
     assert acts(2) - acts(1) == pytest.approx(s * b * h * 16 / t, rel=1e-12)
     assert acts(4) - acts(1) == pytest.approx(3 * s * b * h * 16 / t, rel=1e-12)
+
+
+def test_swiglu_mlp_activations_count_gate_up_and_fc2_input() -> None:
+    """Of Korthikanti's 24 tensor-parallel units only the MLP's 16 scale with ffn/4h (attention
+    keeps its 8), and SwiGLU saves three ffn-wide tensors (gate, up, fc2's input: 6 ffn/h), not
+    two; a top-2 MoE keeps that MLP part twice. Llama-like ffn = 3.5h: 8 + 21 = 29 units, top-2
+    50 (it was 24 x 0.875 = 21 and 21 + 14 = 35: the SwiGLU Mixtral and Llama scenarios
+    under-counted their activations)."""
+    run = RunConfig(tp=2, pp=2, dp=2, micro_batch_size=2)
+    s, b, h, t = 128, 2, 256, 2
+    swiglu = ("model.activation='swiglu'", "model.ffn_hidden_size=896")
+
+    def acts(*sets: str) -> float:
+        inputs = _tiny(*swiglu, *sets)
+        return layer_activation_bytes(inputs, layout_of(inputs, run)) / (s * b * h)
+
+    assert acts() == pytest.approx(10 + 29 / t, rel=1e-12)
+    moe = ("model.num_experts=4", "model.experts_per_token=2")
+    assert acts(*moe) == pytest.approx(10 + 50 / t, rel=1e-12)
+    half = _tiny(*swiglu, *moe).model.model_copy(update={"moe_every": 2})
+    assert parallel_units(half) == pytest.approx(39.5, rel=1e-12)  # 1 of 2 layers is MoE
 
 
 def test_zero3_holds_two_gathered_layers_not_the_whole_model() -> None:
