@@ -1,11 +1,13 @@
-"""Tile-level features and the analytic base time that the MLP corrects.
+"""The tile/wave base time of a kernel and the features with which the MLP corrects it.
 
 For each kernel: ``base_s = max(compute_s, memory_s)`` where ``compute_s`` is the busiest
-SM's blocks times the FLOPs of one block over the SM's peak rate (wave quantisation
+SM's blocks (tiles) times the FLOPs of one block over the SM's peak rate (wave quantisation
 included), and ``memory_s`` the kernel's minimum DRAM traffic over peak bandwidth. The
 MLP predicts ``log(latency_s / base_s)``; its exponent is the inverse of the achieved
 utilisation. Features are dimensionless so that they carry over to GPUs never seen:
-work against the GPU's own peaks, blocks against its SMs, footprint against its L2.
+work against the GPU's own peaks, blocks against its SMs, footprint against its L2. Row
+families see their block layout; GEMMs see only whole-kernel ratios, their tile entering
+through ``base_s`` (see `GEMM_FEATURES`).
 
 Row families (element-wise, softmax, layer norm) also get the GPU's DRAM technology
 (HBM or GDDR): it sets the reachable fraction of peak bandwidth.
@@ -18,6 +20,7 @@ dtypes use the catalog's per-dtype peak.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -28,15 +31,17 @@ from forecast.tiles import Work, gemm_work, row_work
 
 F64 = npt.NDArray[np.float64]
 
+# GEMMs: no tile columns. The tile a new GPU runs is borrowed from a training GPU, often of
+# another generation, and the MLP read its shape, split-K and wave columns (tile area and
+# aspect, split, blocks per SM, tail fill, resident blocks, reduction length) as if they were
+# the new GPU's own; the borrowed tile still sets the wave-quantised base time the MLP
+# corrects. Leave-one-GPU-out (five-seed ensembles) linear 25.6 -> 22.3% (P4 15.4 -> 15.1,
+# P100 27.9 -> 32.7, T4 32.0 -> 30.0, V100 23.4 -> 15.8, A100-40GB 29.2 -> 17.7), bmm
+# 16.9 -> 15.3% (P4 17.0 -> 13.2, P100 7.4 -> 7.3, T4 30.4 -> 26.9, V100 15.0 -> 13.2,
+# A100-40GB 14.6 -> 16.1); keeping the wave columns (24.0%) or the tile-shape columns (24.1%)
+# did worse for linear (three-seed ensembles).
 GEMM_FEATURES = (
     "log2_compute_over_memory",
-    "log2_blocks_per_sm",
-    "tail_fill",
-    "log2_resident_blocks",
-    "log2_inner_len",
-    "log2_tile_area",
-    "log2_tile_aspect",
-    "log2_split_k",
     "log2_footprint_over_l2",
     "log10_base_us",
     "log2_gpu_watts_per_lane_ghz",
@@ -57,13 +62,12 @@ ROW_FEATURES = (
     "log2_gpu_watts_per_lane_ghz",
     "gpu_is_hbm",
 )
+_FAMILY_FEATURES = {OpFamily.BMM: BMM_FEATURES, OpFamily.LINEAR: GEMM_FEATURES}
 
 
 def feature_names(family: OpFamily) -> tuple[str, ...]:
     """Names of the feature columns of a family, in order."""
-    if family is OpFamily.BMM:
-        return BMM_FEATURES
-    return GEMM_FEATURES if family in GEMM_FAMILIES else ROW_FEATURES
+    return _FAMILY_FEATURES.get(family, ROW_FEATURES)
 
 
 @dataclass(frozen=True)
@@ -97,8 +101,8 @@ def gemm_rate_flops_per_s(gpu: GPUSpec, dtype: Dtype) -> float:
 _REF_NODE_NM = 12.0
 
 
-def gpu_features(gpu: GPUSpec, family: OpFamily) -> F64:
-    """The GPU's own features (same for every kernel on it), last in a family's columns.
+def gpu_features(gpu: GPUSpec, family: OpFamily) -> dict[str, float]:
+    """The GPU's own features (same for every kernel on it), by name.
 
     Board power per FP32-lane GHz marks power-limited cards. Row families also get the DRAM
     technology, which sets the reachable fraction of peak bandwidth (HBM ~0.85, GDDR ~0.75 on
@@ -113,12 +117,13 @@ def gpu_features(gpu: GPUSpec, family: OpFamily) -> F64:
     """
     lanes_ghz = gpu.num_sms * gpu.fp32_dedicated_lanes_per_sm * gpu.boost_clock_hz / 1e9
     watts = gpu.tdp_w if gpu.tdp_w is not None else 2.5e-2 * lanes_ghz
-    if family is OpFamily.BMM and gpu.process_nm is not None:
-        watts *= _REF_NODE_NM / gpu.process_nm
+    if family is OpFamily.BMM:
+        node = _REF_NODE_NM / gpu.process_nm if gpu.process_nm is not None else 1.0
+        return {"log2_gpu_node_watts_per_lane_ghz": float(np.log2(watts * node / lanes_ghz))}
+    power = {"log2_gpu_watts_per_lane_ghz": float(np.log2(watts / lanes_ghz))}
     if family in GEMM_FAMILIES:
-        return np.array([np.log2(watts / lanes_ghz)])
-    hbm = 1.0 if gpu.memory_type.upper().startswith("HBM") else 0.0
-    return np.array([np.log2(watts / lanes_ghz), hbm])
+        return power
+    return power | {"gpu_is_hbm": 1.0 if gpu.memory_type.upper().startswith("HBM") else 0.0}
 
 
 def _times(gpu: GPUSpec, kernel: KernelSpec, work: Work, total_bytes: F64) -> tuple[F64, F64]:
@@ -131,48 +136,51 @@ def _times(gpu: GPUSpec, kernel: KernelSpec, work: Work, total_bytes: F64) -> tu
     return compute, total_bytes / gpu.hbm_bw_bytes_per_s
 
 
-def _common(gpu: GPUSpec, work: Work, compute: F64, memory: F64) -> list[F64]:
+def _common(gpu: GPUSpec, work: Work, compute: F64, memory: F64) -> dict[str, F64]:
     base = np.maximum(compute, memory)
-    return [
-        np.log2(np.maximum(compute, 1e-12) / memory),
-        np.log2(work.blocks_per_sm),
-        work.blocks / (gpu.num_sms * work.blocks_per_sm),
-        np.log2(np.minimum(work.resident_per_sm, work.blocks_per_sm)),
-        np.log2(np.maximum(work.inner_len, 1)),
-        np.log10(base * 1e6),
-    ]
+    return {
+        "log2_compute_over_memory": np.log2(np.maximum(compute, 1e-12) / memory),
+        "log2_blocks_per_sm": np.log2(work.blocks_per_sm),
+        "tail_fill": work.blocks / (gpu.num_sms * work.blocks_per_sm),
+        "log2_resident_blocks": np.log2(np.minimum(work.resident_per_sm, work.blocks_per_sm)),
+        "log2_inner_len": np.log2(np.maximum(work.inner_len, 1)),
+        "log10_base_us": np.log10(base * 1e6),
+    }
 
 
 def build_features(
     gpu: GPUSpec, kernels: list[KernelSpec], choice: npt.NDArray[np.int64] | None = None
 ) -> FeatureBatch:
-    """Features of kernels of one family and dtype on ``gpu``; GEMMs need the tile choice."""
+    """Features of kernels of one family and dtype on ``gpu``; GEMMs need the tile choice.
+    Columns are those of `feature_names` of the family, in its order."""
     family = kernels[0].family
     dims = np.array([k.dims for k in kernels], dtype=np.int64)
     total_bytes = np.array([k.bytes() for k in kernels], dtype=np.float64)
-    footprint = np.log2(total_bytes / gpu.l2_bytes)
-    g = np.tile(gpu_features(gpu, family), (len(kernels), 1))
     if family in GEMM_FAMILIES:
         if choice is None:
             raise ValueError("GEMM features need the tile choice")
-        work = gemm_work(gpu, dims, choice)
+        work = gemm_work(gpu, dims, choice)  # the tile and split-K set the waves of base_s
         compute, memory = _times(gpu, kernels[0], work, total_bytes)
-        c = _common(gpu, work, compute, memory)
-        tc, tr, split = (choice[:, i].astype(np.float64) for i in range(3))
-        cols = [*c[:5], np.log2(tc * tr), np.log2(tc / tr), np.log2(split), footprint, c[5]]
+        own: dict[str, F64] = {}
     else:
-        ops = [k.op for k in kernels]
-        work = row_work(gpu, family, ops, dims)
+        work = row_work(gpu, family, [k.op for k in kernels], dims)
         compute, memory = _times(gpu, kernels[0], work, total_bytes)
-        c = _common(gpu, work, compute, memory)
-        reads = total_bytes / (dims[:, 0] * dims[:, 1] * kernels[0].itemsize_bytes)
-        cols = [
-            *c[:5],
-            np.log2(dims[:, 0].astype(np.float64)),
-            np.log2(work.threads_per_block),
-            footprint,
-            c[5],
-            reads,
-        ]
-    x = np.column_stack([*cols, g]).astype(np.float32)
-    return FeatureBatch(x=x, base_s=np.maximum(compute, memory), compute_s=compute, memory_s=memory)
+        own = {
+            "log2_rows": np.log2(dims[:, 0].astype(np.float64)),
+            "log2_threads_per_block": np.log2(work.threads_per_block),
+            "reads_per_elem": total_bytes / (dims[:, 0] * dims[:, 1] * kernels[0].itemsize_bytes),
+        }
+    cols: dict[str, Any] = {
+        **_common(gpu, work, compute, memory),
+        **own,
+        "log2_footprint_over_l2": np.log2(total_bytes / gpu.l2_bytes),
+        **gpu_features(gpu, family),  # scalars, broadcast by column_stack below
+    }
+    n = len(kernels)
+    x = np.column_stack([np.broadcast_to(cols[c], n) for c in feature_names(family)])
+    return FeatureBatch(
+        x=x.astype(np.float32),
+        base_s=np.maximum(compute, memory),
+        compute_s=compute,
+        memory_s=memory,
+    )

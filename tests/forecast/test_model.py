@@ -146,5 +146,27 @@ def test_bmm_power_feature_counts_the_process_node() -> None:
     # a 72 W 5 nm L4 is less power-starved per lane-GHz than a 70 W 12 nm T4 for bmm;
     # linear keeps the raw watts, where the L4 reads as the more starved card
     l4, t4 = load_gpu("l4"), load_gpu("t4")
-    assert gpu_features(l4, OpFamily.BMM)[-1] > gpu_features(t4, OpFamily.BMM)[-1]
-    assert gpu_features(l4, OpFamily.LINEAR)[-1] < gpu_features(t4, OpFamily.LINEAR)[-1]
+    node, raw = "log2_gpu_node_watts_per_lane_ghz", "log2_gpu_watts_per_lane_ghz"
+    assert gpu_features(l4, OpFamily.BMM)[node] > gpu_features(t4, OpFamily.BMM)[node]
+    assert gpu_features(l4, OpFamily.LINEAR)[raw] < gpu_features(t4, OpFamily.LINEAR)[raw]
+
+
+def test_feature_columns_follow_the_family_names() -> None:
+    """Each family's matrix has its named columns in order; GEMMs have no tile columns, the
+    tile they run sets their wave-quantised base time."""
+    from forecast.features import build_features, feature_names
+
+    gpu = load_gpu("a100-pcie-80gb")
+    for family, op in ((OpFamily.LINEAR, "linear"), (OpFamily.BMM, "bmm")):
+        k = KernelSpec(family, (1, 4096, 1024, 4096), Dtype.FP32, op)
+        names = feature_names(family)
+        f = build_features(gpu, [k], np.array([[128, 64, 1]]))
+        assert f.x.shape == (1, len(names))
+        assert not any("tile" in n or "split" in n or "blocks" in n for n in names)
+        assert f.x[0, names.index("log10_base_us")] == np.float32(np.log10(f.base_s[0] * 1e6))
+        # 4096 x 4096 outputs in 128 x 64 tiles: 2048 blocks on 108 SMs, 19 on the busiest;
+        # 256 x 128 tiles: 512 blocks, 5 on the busiest, each four times the work: 20 / 19
+        big = build_features(gpu, [k], np.array([[256, 128, 1]]))
+        assert big.compute_s[0] / f.compute_s[0] == pytest.approx(20 / 19)
+    rows = feature_names(OpFamily.SOFTMAX)
+    assert "log2_blocks_per_sm" in rows and rows[-1] == "gpu_is_hbm"
