@@ -81,7 +81,9 @@ def device_batches(
     return out
 
 
-def _row_weights(rows: pd.DataFrame) -> npt.NDArray[np.float64]:
+def row_weights(rows: pd.DataFrame) -> npt.NDArray[np.float64]:
+    """Training weights of one GPU's rows: its random shapes (``train/``) and its transformer
+    shapes (``test/``) weigh half each, or all rows alike when it has only one of the two."""
     is_test = rows["source"].str.contains("/test/").to_numpy()
     w = np.where(is_test, 0.5 / max(is_test.sum(), 1), 0.5 / max((~is_test).sum(), 1))
     if is_test.all() or (~is_test).all():
@@ -130,7 +132,7 @@ def fit_family(
     for fb, rows in batches.values():
         xs.append(fb.x)
         ys.append(np.log(rows["latency_s"].to_numpy() / fb.base_s))
-        ws.append(_row_weights(rows))
+        ws.append(row_weights(rows))
     epochs = EPOCHS.get(family, DEFAULT_EPOCHS)
     x, y, w = np.concatenate(xs), np.concatenate(ys), np.concatenate(ws)
     ens = TileEnsemble(x.shape[1], members=MEMBERS)

@@ -1,0 +1,103 @@
+"""Leave-one-GPU-out error of one kernel family with some of its feature columns dropped.
+
+Run: ``python benchmarks/feature_ablation.py linear [--drop COL,COL] [--members 5]``. Trains
+the family's ensemble once per training GPU held out (on the other four, as `tilesim kernels
+validate` does) with the named columns of `forecast.features.feature_names` removed, and
+prints each held-out GPU's mean absolute percentage error on its NeuSight test rows and their
+mean: the number feature choices in `forecast/features.py` were made by. The unseen GPUs
+(L4, A100 80GB PCIe) are printed too, with a model trained on all five, but a choice made by
+them would be tuned to them. Reads ``../shared/data/neusight`` (or ``--data``); nothing is
+written. A GEMM family takes 5-10 minutes on one core with five members.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from forecast.dataset import GEMM_DIMS, TRAIN_DEVICES, default_data_dir, trained_families
+from forecast.evaluate import neusight_test_rows, unseen_devices
+from forecast.features import build_features, feature_names
+from forecast.gpus import load_gpu
+from forecast.kernels import GEMM_FAMILIES, OpFamily
+from forecast.mlp import TileEnsemble
+from forecast.train import (
+    DEFAULT_EPOCHS,
+    EPOCHS,
+    MEMBERS,
+    SEED,
+    build_picker,
+    device_batches,
+    fit_mlp,
+    load_family_data,
+    row_weights,
+)
+
+
+def held_out_errors(
+    family: OpFamily, drop: list[str], members: int, data: Path
+) -> dict[str, float]:
+    """Mean APE per held-out GPU (leave-one-GPU-out), then per unseen GPU."""
+    names = feature_names(family)
+    unknown = [c for c in drop if c not in names]
+    if unknown:
+        raise SystemExit(f"--drop {','.join(unknown)}: not a {family.value} column; use {names}")
+    keep = [i for i, n in enumerate(names) if n not in drop]
+    meas = load_family_data(data, [family])
+    rows = neusight_test_rows(data)
+    test = rows.family(family)
+    out: dict[str, float] = {}
+    folds = [*TRAIN_DEVICES, None]  # None: train on all five, score the unseen GPUs
+    for held in tqdm(folds, desc=f"{family.value} folds", unit="fold"):
+        devices = [d for d in TRAIN_DEVICES if d != held]
+        picker = build_picker(meas, devices)
+        xs, ys, ws = [], [], []
+        for fb, r in device_batches(meas[family], family, picker, devices).values():
+            xs.append(fb.x[:, keep])
+            ys.append(np.log(r["latency_s"].to_numpy() / fb.base_s))
+            ws.append(row_weights(r))
+        x, y, w = np.concatenate(xs), np.concatenate(ys), np.concatenate(ws)
+        ens = TileEnsemble(x.shape[1], members=members)
+        epochs = EPOCHS.get(family, DEFAULT_EPOCHS)
+        for i in range(members):
+            ens.members[i] = fit_mlp(x, y, w, epochs=epochs, seed=SEED + i)
+        ens.eval()
+        for device in [held] if held is not None else unseen_devices(rows):
+            r = test[test["Device"] == device]
+            gpu = load_gpu(device)
+            choice = None
+            if family in GEMM_FAMILIES:
+                choice = picker.pick(family.value, gpu, r[list(GEMM_DIMS)].to_numpy(np.int64))
+            fb = build_features(gpu, rows.kernels(r), choice)
+            with torch.no_grad():
+                pred = fb.base_s * np.exp(ens(torch.from_numpy(fb.x[:, keep])).double().numpy())
+            out[device] = float(np.abs(pred / r["latency_s"].to_numpy() - 1).mean() * 100)
+    return out
+
+
+def main() -> None:
+    """Print the held-out errors of one ablation."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("family", choices=[f.value for f in trained_families()])
+    parser.add_argument("--drop", default="", help="comma-separated feature columns to remove")
+    parser.add_argument("--members", type=int, default=MEMBERS, help="MLPs per ensemble")
+    parser.add_argument("--data", type=Path, default=None, help="NeuSight data folder")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    family = OpFamily(args.family)
+    drop = [c for c in args.drop.split(",") if c]
+    errors = held_out_errors(family, drop, args.members, args.data or default_data_dir())
+    for device, err in errors.items():
+        split = "leave-one-GPU-out" if device in TRAIN_DEVICES else "unseen"
+        print(f"{family.value:11s} {split:17s} {device:26s} {err:5.1f}%")
+    logo = [errors[d] for d in TRAIN_DEVICES if d in errors]
+    dropped = ", ".join(drop) or "none"
+    print(f"{family.value}: leave-one-GPU-out mean {np.mean(logo):.1f}% (dropped: {dropped})")
+
+
+if __name__ == "__main__":
+    main()
