@@ -85,25 +85,35 @@ def _gathered_params(inputs: SimInputs, layout: Layout, stage: int) -> float:
     return sum(sorted(units)[-2:])
 
 
+def _expert_params(inputs: SimInputs, layout: Layout, stage: int) -> float:
+    """Expert parameters one GPU of ``stage`` holds (its ``num_experts / ep`` experts' share)."""
+    m, run = inputs.model, layout.run
+    per_layer = (m.layer_params(moe=True) - m.layer_params(moe=False)) / (run.tp * run.ep)
+    return per_layer * sum(m.moe_layers(n) for n in layout.layers_per_stage[stage])
+
+
 def stage_memory(
     inputs: SimInputs, layout: Layout, stage: int, params: float, in_flight: int
 ) -> MemoryBreakdown:
-    """Bytes on one GPU of ``stage`` holding ``params`` parameters."""
+    """Bytes on one GPU of ``stage`` holding ``params`` parameters.
+
+    ZeRO shards a dense parameter's state over the dp x cp group and an expert's over the
+    ranks that hold that expert, dp x cp / ep (expert parallelism is carved out of dp x cp)."""
     run = layout.run
     shard = layout.dp * run.cp
+    expert = _expert_params(inputs, layout, stage)
+    sharded = (params - expert) / shard + expert * run.ep / shard  # one rank's share
     mixed = ITEMSIZE_BYTES[inputs.dtype] < 4
     weights = params * param_itemsize_bytes(inputs.dtype)
     grads = params * grad_itemsize_bytes(inputs.dtype)
-    optim = params * (12.0 if mixed else 8.0)
+    optim = (sharded if run.shards_optimizer else params) * (12.0 if mixed else 8.0)
     chunks = layout.layers_per_stage[stage]
-    if run.shards_optimizer:
-        optim /= shard
     if run.zero_stage >= 2:
-        grads /= shard
+        grads = sharded * grad_itemsize_bytes(inputs.dtype)
     other = float(RESERVED_BYTES)
     if run.zero_stage >= 3:
         gathered = _gathered_params(inputs, layout, stage)
-        weights = weights / shard + gathered * param_itemsize_bytes(inputs.dtype)
+        weights = (sharded + gathered) * param_itemsize_bytes(inputs.dtype)
     layers_per_chunk = sum(chunks) / len(chunks)
     acts = in_flight * layers_per_chunk * layer_activation_bytes(inputs, layout)
     if run.recompute == "full":

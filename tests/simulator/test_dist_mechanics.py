@@ -368,3 +368,24 @@ def test_overlapped_param_gather_waits_for_one_bucket_of_one_chunk() -> None:
     hidden = dp_param_gather_s(top, inputs, lay) - dp_param_gather_s(top / 8, inputs, lay)
     gain = screen(cache, plain).iteration_s - screen(cache, over).iteration_s
     assert gain == pytest.approx(hidden, rel=1e-9)
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_expert_state_shards_over_the_ranks_that_hold_the_expert(zero: int) -> None:
+    """ZeRO shards an expert's state over dp x cp / ep ranks (the ones holding that expert),
+    not over all dp x cp: with 4 experts on dp 4, ep 2 halves each GPU's experts and also
+    halves the ranks sharing each one, so the expert share of sharded state stays as at ep 1
+    (it was halved: the optimizer state of MoE layouts under-counted by ep)."""
+    inputs = _tiny("model.num_experts=4", "cluster.num_gpus=16")
+
+    def memory(ep: int) -> Any:
+        run = RunConfig(tp=2, pp=2, dp=4, ep=ep, micro_batch_size=1, zero_stage=zero)
+        layout = layout_of(inputs, run)
+        return stage_memory(inputs, layout, 0, stage_params(inputs, layout)[0], 1)
+
+    one, two = memory(1), memory(2)
+    assert two.optimizer_bytes == pytest.approx(one.optimizer_bytes, rel=1e-12)
+    if zero >= 2:
+        assert two.gradients_bytes == pytest.approx(one.gradients_bytes, rel=1e-12)
+    else:  # unsharded gradients: each GPU holds half the experts
+        assert two.gradients_bytes < one.gradients_bytes
