@@ -36,14 +36,18 @@ class MemoryEstimate(BaseModel):
 
 def parallel_units(model: ModelSpec) -> float:
     """The tensor-parallel part of eq. 2's per-token activations of one layer (24 at ffn = 4h,
-    in 2-byte units of ``h``): attention's 8 (Q, K, V, the projection's input) and the MLP's
+    in 2-byte units of ``h``): attention's 8 (Q, K, V, the projection's input; with grouped-query
+    attention K and V are ``kv_heads / num_heads`` as wide: 4 + 4 kv / heads) and the MLP's
     saved intermediates, ``2 * ffn / h`` each: GeLU's input and fc2's input (16 at ffn = 4h),
     SwiGLU's gate, up and fc2's input (24 at ffn = 4h). A MoE layer keeps that MLP part once
     per expert a token goes to (``experts_per_token``), averaged over the share of MoE layers."""
+    q = model.num_heads * model.dhead / model.hidden_size  # Q and the projection's input
+    kv = model.kv_heads * model.dhead / model.hidden_size  # K and V each
+    attention = 2.0 * (2.0 * q + 2.0 * kv)
     saved = 3.0 if model.activation == "swiglu" else 2.0
     mlp = saved * 2.0 * model.ffn_hidden_size / model.hidden_size
     moe_share = model.moe_layers(model.num_layers) / model.num_layers
-    return 8.0 + mlp * (1.0 + (model.experts_per_token - 1) * moe_share)
+    return attention + mlp * (1.0 + (model.experts_per_token - 1) * moe_share)
 
 
 def layer_activation_bytes(model: ModelSpec, run: Workload) -> float:

@@ -389,3 +389,12 @@ def test_expert_state_shards_over_the_ranks_that_hold_the_expert(zero: int) -> N
         assert two.gradients_bytes == pytest.approx(one.gradients_bytes, rel=1e-12)
     else:  # unsharded gradients: each GPU holds half the experts
         assert two.gradients_bytes < one.gradients_bytes
+
+
+def test_grouped_query_attention_keeps_narrower_k_and_v() -> None:
+    """Attention's 8 units are Q, K, V and the projection's input at 2 each; with a quarter of
+    the heads as key/value heads K and V keep a quarter: 4 + 1 = 5 (it stayed 8)."""
+    dense = _tiny().model
+    gqa = dense.model_copy(update={"num_kv_heads": dense.num_heads // 4})
+    assert parallel_units(dense) == pytest.approx(8 + 16, rel=1e-12)
+    assert parallel_units(gqa) == pytest.approx(5 + 16, rel=1e-12)
