@@ -29,7 +29,7 @@ from simulator.comm import grad_itemsize_bytes, param_itemsize_bytes
 from simulator.memory import parallel_units
 from simulator.parallel import Layout
 from simulator.scenario import SimInputs
-from simulator.stagecost import end_tensors
+from simulator.stagecost import end_tensors, expert_layer_params
 
 RESERVED_BYTES = 2**30  # CUDA context, cuBLAS/NCCL workspaces (about 1 GiB)
 
@@ -74,7 +74,7 @@ def _gathered_params(inputs: SimInputs, layout: Layout, stage: int) -> float:
     if layout.dp * run.cp == 1:
         return 0.0
     dense = m.layer_params(moe=False) / run.tp
-    expert = dense + (m.layer_params(moe=True) - m.layer_params(moe=False)) / (run.tp * run.ep)
+    expert = dense + expert_layer_params(m, run)
     chunks = layout.layers_per_stage[stage]
     units: list[float] = []
     for c, layers in enumerate(chunks):
@@ -87,9 +87,9 @@ def _gathered_params(inputs: SimInputs, layout: Layout, stage: int) -> float:
 
 def _expert_params(inputs: SimInputs, layout: Layout, stage: int) -> float:
     """Expert parameters one GPU of ``stage`` holds (its ``num_experts / ep`` experts' share)."""
-    m, run = inputs.model, layout.run
-    per_layer = (m.layer_params(moe=True) - m.layer_params(moe=False)) / (run.tp * run.ep)
-    return per_layer * sum(m.moe_layers(n) for n in layout.layers_per_stage[stage])
+    m = inputs.model
+    moe = sum(m.moe_layers(n) for n in layout.layers_per_stage[stage])
+    return moe * expert_layer_params(m, layout.run)
 
 
 def stage_memory(

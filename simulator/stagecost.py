@@ -245,12 +245,16 @@ def block_times(sk: ShardKernels, table: LatencyTable, run: RunConfig) -> BlockT
     )
 
 
+def expert_layer_params(model: ModelSpec, run: RunConfig) -> float:
+    """Expert parameters one GPU holds of one MoE layer (its ``num_experts / ep`` experts, a
+    ``1 / tp`` shard of each); beyond the layer's dense part."""
+    return (model.layer_params(moe=True) - model.layer_params(moe=False)) / (run.tp * run.ep)
+
+
 def chunk_params(model: ModelSpec, run: RunConfig, layers: int, *, first: bool, last: bool) -> int:
     """Parameters one GPU holds for a model chunk: its layers, plus embedding or head."""
     dense = model.layer_params(moe=False)
-    experts = model.layer_params(moe=True) - dense
-    moe_layers = model.moe_layers(layers)
-    total = layers * dense / run.tp + moe_layers * experts / (run.tp * run.ep)
+    total = layers * dense / run.tp + model.moe_layers(layers) * expert_layer_params(model, run)
     return int(total + sum(end_tensors(model, run, first=first, last=last)))
 
 
