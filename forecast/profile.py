@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import platform
 import statistics
 import time
@@ -184,6 +185,9 @@ def _l2_bytes(device: str) -> int:
 
 def launch_info(fn: Fn, device: str, trace: Path) -> tuple[str, list[int]]:
     """Name and grid/block dims of the longest kernel (GPU) or operator (CPU) of one call."""
+    # Kineto, the profiler's backend, prints two "USDT: profiler_start/stop" lines to stderr
+    # per profiled call (torch 2.13) at every log level up to 5; it reads this when it starts.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     acts = [torch.profiler.ProfilerActivity.CPU]
     if device != "cpu":
         acts.append(torch.profiler.ProfilerActivity.CUDA)

@@ -98,3 +98,17 @@ def test_cli_collect_refuses_before_measuring(
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1
     assert [p.name for p in tmp_path.iterdir()] == []
+
+
+def test_collect_keeps_stderr_free_of_profiler_chatter(tmp_path: Path) -> None:
+    """A fresh process (Kineto reads its log level once): torch 2.13's profiler printed two
+    ``USDT: profiler_start/stop`` lines per measured kernel."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "simulator", "kernels", "collect", "--device", "cpu"]
+    argv += ["--ops", "gemm", "--dtypes", "fp32", "--out", str(tmp_path / "m.csv")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "measured 2 kernels" in done.stdout
+    assert "USDT" not in done.stderr and "profiler_st" not in done.stderr
