@@ -13,9 +13,10 @@ kernels, and its TFLOP/s is their FLOPs over their summed time.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 
 import forecast
-from forecast.gpus import load_gpu
+from forecast.gpus import gpu_id_for_device, load_gpu
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from forecast.tensor_core import F64, TCParams, TensorCoreError, TensorCoreModel, save_params
 
@@ -48,6 +49,7 @@ class Case:
     kernels: tuple[KernelSpec, ...]
     measured_tflops: float
     label: str
+    source: str = "microbenchmarks.json"
 
     @property
     def family(self) -> OpFamily:
@@ -119,6 +121,68 @@ def benchmark_cases(data_dir: Path = DEFAULT_DATA_DIR) -> tuple[list[Case], dict
     return cases, hbm
 
 
+TC_DTYPES = ("tf32", "fp16", "bf16", "fp8")
+FA2_FORWARD_KERNEL = "flash_fwd"  # FA2's forward kernels: flash_fwd_kernel, flash_fwd_splitkv_...
+
+
+def _number(r: dict[str, str], column: str) -> float:
+    try:
+        return _positive(r[column], f"column {column}")
+    except ValueError:
+        raise ValueError(f"column {column} must be a positive number, got {r[column]!r}") from None
+
+
+def _collected_case(r: dict[str, str], source: str) -> Case | None:
+    """One row of a collected CSV as a case: tensor-core GEMMs (``bmm``) and flash-attention-2
+    forwards (``attention`` rows whose kernel is FA2's; PyTorch may run another backend);
+    None for the collector's other rows (FP32, memory-bound ops)."""
+    op, dtype = r.get("OPName", ""), r.get("dtype", "")
+    if dtype not in TC_DTYPES or op not in ("bmm", "attention"):
+        return None
+    if op == "attention" and FA2_FORWARD_KERNEL not in r.get("Kernel Name", ""):
+        return None
+    gpu_id = gpu_id_for_device(r.get("Device", ""))
+    if BLIND_GPU in gpu_id:
+        raise ValueError("an H100 measurement; the H100 is the project's blind GPU")
+    dims = tuple(int(_number(r, c)) for c in ("B", "M", "N", "K"))
+    seconds = _number(r, "Latency") * 1e-3
+    if op == "attention":
+        kernel = KernelSpec(OpFamily.ATTENTION, dims, Dtype(dtype), "attention")
+        label = f"fa2 fwd d{dims[3]} s{dims[1]} bh{dims[0]}"
+    else:
+        kernel = KernelSpec(OpFamily.BMM, dims, Dtype(dtype))
+        b, m, k, n = dims
+        label = f"gemm {m}x{n}x{k}" if b == 1 else f"bmm {b}x{m}x{n}x{k}"
+    return Case(gpu_id, (kernel,), kernel.flops() / seconds / 1e12, label, source)
+
+
+def collected_cases(paths: Sequence[Path]) -> list[Case]:
+    """Tensor-core GEMM and flash-attention cases of `tilesim kernels collect` CSVs (the
+    project's own measurements); a `TensorCoreError` naming the file, row and fix for a file
+    that cannot be read or a row that cannot be used."""
+    cases: list[Case] = []
+    for path in paths:
+        try:
+            with path.open(newline="", encoding="utf-8") as f:
+                rows = list(csv.DictReader(f))
+        except (OSError, UnicodeDecodeError, csv.Error) as e:
+            raise TensorCoreError(
+                f"cannot read {path} ({e}); give a CSV that `tilesim kernels collect` wrote"
+            ) from None
+        for i, r in enumerate(rows, start=2):  # line 1 is the header
+            try:
+                case = _collected_case(r, str(path))
+            except (KeyError, TypeError, ValueError) as e:
+                why = f"lacks column {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
+                raise TensorCoreError(
+                    f"{path}: line {i}: {why}; give a CSV that `tilesim kernels collect` "
+                    "wrote on a GPU"
+                ) from None
+            if case is not None:
+                cases.append(case)
+    return cases
+
+
 def predicted_tflops(cases: list[Case], params: TCParams) -> F64:
     """Achieved TFLOP/s the model predicts for each case."""
     model = TensorCoreModel(params)
@@ -154,15 +218,21 @@ def _fit(
 
 
 def calibrate(
-    data_dir: Path = DEFAULT_DATA_DIR, *, holdout: str | None = None, out: Path | None = None
+    data_dir: Path = DEFAULT_DATA_DIR,
+    *,
+    holdout: str | None = None,
+    out: Path | None = None,
+    measured: Sequence[Path] = (),
 ) -> TCParams:
-    """Fit the constants on every non-H100 GPU of microbenchmarks.json but ``holdout``."""
+    """Fit the constants on every non-H100 GPU of microbenchmarks.json and of the collected
+    ``measured`` CSVs but ``holdout``; every case weighs the same."""
     cases, hbm = benchmark_cases(data_dir)
-    measured = sorted({c.gpu_id for c in cases})
-    if holdout is not None and holdout not in measured:
+    cases += collected_cases(measured)
+    gpus_measured = sorted({c.gpu_id for c in cases})
+    if holdout is not None and holdout not in gpus_measured:
         raise TensorCoreError(
             f"holdout {holdout!r}: no measurements of it; hold out one of "
-            f"{', '.join(measured)}, or 'none'"
+            f"{', '.join(gpus_measured)}, or 'none'"
         )
     used = [c for c in cases if c.gpu_id != holdout]
     if not used:
@@ -178,15 +248,20 @@ def calibrate(
     if attn:
         params = _fit(_log_loss(attn), params, FA_FITTED)
     if out is not None:
-        note = "Written by forecast.tensor_core.calibrate from microbenchmarks.json"
+        note = "Written by forecast.tc_calibrate.calibrate from microbenchmarks.json"
+        if measured:
+            note += " and " + ", ".join(p.name for p in measured)
         held = f"held out: {holdout}" if holdout else "nothing held out"
         save_params(params, out, f"{note}\nCalibrated on: {params.calibrated_on}; {held}; no H100.")
     return params
 
 
-def validation_rows(params: TCParams, data_dir: Path = DEFAULT_DATA_DIR) -> list[dict[str, object]]:
+def validation_rows(
+    params: TCParams, data_dir: Path = DEFAULT_DATA_DIR, measured: Sequence[Path] = ()
+) -> list[dict[str, object]]:
     """Every case with measured and predicted TFLOP/s, error, and whether it was calibrated on."""
     cases, _ = benchmark_cases(data_dir)
+    cases += collected_cases(measured)
     pred = predicted_tflops(cases, params)
     used = set(params.calibrated_on.split(","))
     return [
@@ -194,6 +269,7 @@ def validation_rows(params: TCParams, data_dir: Path = DEFAULT_DATA_DIR) -> list
             "gpu": c.gpu_id,
             "case": c.label,
             "dtype": c.kernels[0].dtype.value,
+            "source": c.source,
             "split": "calibration" if c.gpu_id in used else "holdout",
             "measured_tflops": c.measured_tflops,
             "predicted_tflops": round(float(p), 1),

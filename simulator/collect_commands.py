@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 from pathlib import Path
 
 from forecast.kernels import Dtype, KernelSpec, OpFamily
@@ -40,6 +41,14 @@ def add_collect_commands(ksub: argparse._SubParsersAction[argparse.ArgumentParse
     t = ksub.add_parser("tc-calibrate", help="fit the tensor-core model; print the holdout table")
     t.add_argument("--data", type=Path, default=None, help="folder with microbenchmarks.json")
     t.add_argument("--holdout", default="h200-sxm-141gb", help="GPU id kept out, or 'none'")
+    t.add_argument(
+        "--measured",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="CSV",
+        help="CSVs from `kernels collect` on a GPU (tensor-core GEMMs, FA2 forwards) to add",
+    )
     t.add_argument("--write", action="store_true", help="write forecast/data/tensor_core.toml")
     t.add_argument("--json", action="store_true", help="print JSON rows")
     t.set_defaults(handler=_tc_calibrate)
@@ -91,8 +100,9 @@ def _tc_calibrate(args: argparse.Namespace) -> int:
 
     data = args.data or DEFAULT_DATA_DIR
     holdout = None if args.holdout == "none" else args.holdout
-    params = calibrate(data, holdout=holdout, out=PARAMS_FILE if args.write else None)
-    rows = validation_rows(params, data)
+    out = PARAMS_FILE if args.write else None
+    params = calibrate(data, holdout=holdout, out=out, measured=args.measured)
+    rows = validation_rows(params, data, args.measured)
     if args.json:
         print(json.dumps(rows))
         return 0
@@ -103,4 +113,12 @@ def _tc_calibrate(args: argparse.Namespace) -> int:
             f"{r['gpu']!s:16} {r['case']!s:28} {r['dtype']!s:5} {r['split']!s:11} "
             f"{r['measured_tflops']:7.1f} {r['predicted_tflops']:7.1f} {r['error_pct']:6.1f}"
         )
+    if args.measured:  # many rows: a summary per GPU, source and split
+        groups: dict[tuple[str, ...], list[float]] = {}
+        for r in rows:
+            key = (str(r["gpu"]), str(r["source"]), str(r["split"]))
+            groups.setdefault(key, []).append(abs(float(str(r["error_pct"]))))
+        for (gpu, source, split), errs in sorted(groups.items()):
+            mean = statistics.mean(errs)
+            print(f"{gpu} {source} {split}: {len(errs)} cases, mean |err| {mean:.1f}%")
     return 0

@@ -160,3 +160,64 @@ def test_tc_calibrate_names_a_broken_microbenchmarks_file(
     err = capsys.readouterr().err
     assert "microbenchmarks.json" in err and needle in err and "--data" in err
     assert err.count("\n") == 1
+
+
+COLLECTED_HEADER = "OPName,B,M,N,K,H,Latency,Device,dtype,Kernel Name\n"
+
+
+def _collected(tmp_path: Path, *lines: str) -> Path:
+    path = tmp_path / "h200.csv"
+    path.write_text(COLLECTED_HEADER + "".join(f"{ln}\n" for ln in lines))
+    return path
+
+
+def test_collected_csv_gives_tensor_core_gemm_and_fa2_forward_cases(tmp_path: Path) -> None:
+    from forecast.tc_calibrate import collected_cases
+
+    path = _collected(
+        tmp_path,
+        "bmm,1,4096,4096,4096,,0.2,NVIDIA H200,bf16,sm90_xmma_gemm",
+        "attention,32,8192,8192,128,,3.0,NVIDIA H200,fp16,flash_fwd_kernel<Flash_fwd_kernel_traits>",
+        "attention,32,8192,8192,128,,3.0,NVIDIA H200,fp16,cudnn_generated_sdpa",  # not FA2
+        "bmm,1,4096,4096,4096,,1.9,NVIDIA H200,fp32,sm90_sgemm",  # CUDA cores
+        "add,8192,,,,4096,0.05,NVIDIA H200,bf16,elementwise_kernel",  # memory-bound
+    )
+    gemm, fa = collected_cases([path])
+    assert (gemm.gpu_id, gemm.family, gemm.source) == (H200, OpFamily.BMM, str(path))
+    assert gemm.measured_tflops == pytest.approx(2 * 4096**3 / 0.2e-3 / 1e12)
+    assert fa.family is OpFamily.ATTENTION and fa.kernels[0].op == "attention"
+    assert fa.measured_tflops == pytest.approx(4 * 32 * 8192**2 * 128 / 3.0e-3 / 1e12)
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        ("bmm,1,64,64,64,,0.1,x86_64,bf16,aten::bmm", "line 2: unknown device 'x86_64'"),
+        ("bmm,1,64,64,64,,0.1,NVIDIA H100 80GB HBM3,bf16,gemm", "line 2: an H100 measurement"),
+        ("bmm,1,64,x,64,,0.1,NVIDIA H200,bf16,gemm", "column N must be a positive number"),
+        ("bmm,1,64,64,64,,0,NVIDIA H200,bf16,gemm", "column Latency must be a positive"),
+    ],
+)
+def test_tc_calibrate_refuses_a_bad_collected_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, needle: str
+) -> None:
+    path = _collected(tmp_path, line)
+    assert main(["kernels", "tc-calibrate", "--measured", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and str(path) in err and err.count("\n") == 1
+
+
+@needs_data
+def test_collected_measurements_join_the_calibration(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _collected(tmp_path, "bmm,1,8192,8192,8192,,1.5,NVIDIA H200,bf16,sm90_xmma_gemm")
+    argv = ["kernels", "tc-calibrate", "--holdout", A100, "--measured", str(path), "--json"]
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)
+    mine = [r for r in rows if r["source"] == str(path)]
+    assert len(mine) == 1 and mine[0]["split"] == "calibration" and mine[0]["gpu"] == H200
+    assert {r["split"] for r in rows if r["gpu"] == A100} == {"holdout"}
+    published = calibrate(holdout=A100)
+    with_mine = calibrate(holdout=A100, measured=[path])
+    assert with_mine != published  # the collected row moved the fit
