@@ -27,6 +27,10 @@ NEUSIGHT_IDS = {
     "NVIDIA H100 80GB HBM3": "h100-sxm5-80gb",
     "AMD Instinct MI100": "mi100",
     "AMD Instinct MI210": "mi210",
+    # PyTorch's names of GPUs the collector may measure (`tc-calibrate --measured`)
+    "NVIDIA H200": "h200-sxm-141gb",
+    "NVIDIA A100-SXM4-80GB": "a100-sxm4-80gb",
+    "NVIDIA L40S": "l40s",
 }
 
 
