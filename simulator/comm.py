@@ -20,7 +20,10 @@ Bytes per collective (nccl-tests size S; ``A = micro_batch * seq/cp * hidden * i
 * DP over the dp x cp group: gradients (fp32 main grads for fp32/bf16, 16-bit for fp16/fp8):
   all-reduce, or reduce-scatter plus an all-gather of the updated 16-bit parameters when the
   optimizer is sharded (ZeRO-1/2, distributed optimizer); ZeRO-3 gathers parameters before
-  every forward and backward and reduce-scatters gradients after every backward.
+  every forward and backward and reduce-scatters gradients after every backward. Expert
+  parameters (MoE) are their own buffer, reduced and gathered over the expert-data-parallel
+  group instead: the dp x cp / ep ranks that hold the same experts (Megatron-LM's
+  ``expert_data_parallel_group``), so each DP collective below is one over each group.
 """
 
 from __future__ import annotations
@@ -109,17 +112,30 @@ def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
     )
 
 
-def dp_grad_s(params: float, inputs: SimInputs, layout: Layout) -> float:
-    """Reduce one chunk's gradients over DP (all-reduce, or reduce-scatter when sharded)."""
-    nbytes = params * grad_itemsize_bytes(inputs.dtype)
+def _dp_collective_s(
+    op: Op, params: float, expert: float, itemsize: int, inputs: SimInputs, layout: Layout
+) -> float:
+    """One DP collective of ``params`` parameters: the dense ``params - expert`` over the
+    dp x cp group, the ``expert`` ones over the expert-data-parallel group."""
+    cl = inputs.cluster
+    dense = collective_s(op, (params - expert) * itemsize, layout.dp_group, cl)
+    return dense + collective_s(op, expert * itemsize, layout.edp_group, cl)
+
+
+def dp_grad_s(params: float, inputs: SimInputs, layout: Layout, expert: float = 0.0) -> float:
+    """Reduce one chunk's gradients over DP (all-reduce, or reduce-scatter when sharded);
+    ``expert`` of the ``params`` over the expert-data-parallel group."""
     op: Op = "reduce-scatter" if layout.run.shards_optimizer else "all-reduce"
-    return collective_s(op, nbytes, layout.dp_group, inputs.cluster)
+    return _dp_collective_s(op, params, expert, grad_itemsize_bytes(inputs.dtype), inputs, layout)
 
 
-def dp_param_gather_s(params: float, inputs: SimInputs, layout: Layout) -> float:
-    """All-gather of updated (ZeRO-1/2, distributed optimizer) or needed (ZeRO-3) weights."""
-    nbytes = params * param_itemsize_bytes(inputs.dtype)
-    return collective_s("all-gather", nbytes, layout.dp_group, inputs.cluster)
+def dp_param_gather_s(
+    params: float, inputs: SimInputs, layout: Layout, expert: float = 0.0
+) -> float:
+    """All-gather of updated (ZeRO-1/2, distributed optimizer) or needed (ZeRO-3) weights;
+    ``expert`` of the ``params`` over the expert-data-parallel group."""
+    itemsize = param_itemsize_bytes(inputs.dtype)
+    return _dp_collective_s("all-gather", params, expert, itemsize, inputs, layout)
 
 
 # DeepSpeed ZeRO-3 as Narayanan et al. (2021) ran it reached this fraction of the speed
@@ -144,19 +160,23 @@ def param_gather_buckets(layout: Layout) -> int:
     return grad_buckets(layout) * layout.chunks if layout.run.overlap_param_gather else 1
 
 
-def grad_sync_s(params: float, inputs: SimInputs, layout: Layout) -> float:
+def grad_sync_s(params: float, inputs: SimInputs, layout: Layout, expert: float = 0.0) -> float:
     """One chunk's gradient reduction as it runs: `grad_buckets` collectives of an equal share
-    of the gradients each (every bucket pays its own launch and latency)."""
+    of the gradients each (every bucket pays its own launch and latency; ``expert`` of the
+    ``params`` are a bucket of their own group's in each)."""
     n = grad_buckets(layout)
-    return n * dp_grad_s(params / n, inputs, layout)
+    return n * dp_grad_s(params / n, inputs, layout, expert / n)
 
 
-def param_gather_exposed_s(params: float, inputs: SimInputs, layout: Layout) -> float:
-    """The part of the sharded optimizer's all-gather of a stage's updated weights (``params``)
-    that the step waits for: all of it, or with ``overlap_param_gather`` (Megatron-LM's
-    ``--overlap-param-gather``: bucket by bucket under the next forward) the first bucket's
-    all-gather, one of `param_gather_buckets`."""
-    return dp_param_gather_s(params / param_gather_buckets(layout), inputs, layout)
+def param_gather_exposed_s(
+    params: float, inputs: SimInputs, layout: Layout, expert: float = 0.0
+) -> float:
+    """The part of the sharded optimizer's all-gather of a stage's updated weights (``params``,
+    ``expert`` of them expert weights) that the step waits for: all of it, or with
+    ``overlap_param_gather`` (Megatron-LM's ``--overlap-param-gather``: bucket by bucket under
+    the next forward) the first bucket's all-gather, one of `param_gather_buckets`."""
+    n = param_gather_buckets(layout)
+    return dp_param_gather_s(params / n, inputs, layout, expert / n)
 
 
 def zero3_blocking_s(
@@ -172,7 +192,9 @@ def zero3_blocking_s(
     under ``zero3_impl = "deepspeed-2021"``: module hooks all-gather each parameter tensor when
     its module runs (again for the recomputed forward under full recompute) and reduce-scatter
     each gradient after it, all on the compute stream's critical path. ``memo`` keeps each
-    tensor's collective time across calls over the same DP group (every chunk of a layout)."""
+    tensor's collective time across calls over the same DP group (every chunk of a layout).
+    Every tensor moves over the dp x cp group, experts' too (DeepSpeed's 2021 ZeRO-3 ran no
+    expert parallelism)."""
     m, run, cl, group = inputs.model, layout.run, inputs.cluster, layout.dp_group
     pb, gb = param_itemsize_bytes(inputs.dtype), grad_itemsize_bytes(inputs.dtype)
     memo = {} if memo is None else memo

@@ -29,7 +29,7 @@ from simulator.comm import grad_itemsize_bytes, param_itemsize_bytes
 from simulator.memory import parallel_units
 from simulator.parallel import Layout
 from simulator.scenario import SimInputs
-from simulator.stagecost import end_tensors, expert_layer_params
+from simulator.stagecost import chunk_expert_params, end_tensors, moe_layer_params
 
 RESERVED_BYTES = 2**30  # CUDA context, cuBLAS/NCCL workspaces (about 1 GiB)
 
@@ -74,7 +74,7 @@ def _gathered_params(inputs: SimInputs, layout: Layout, stage: int) -> float:
     if layout.dp * run.cp == 1:
         return 0.0
     dense = m.layer_params(moe=False) / run.tp
-    expert = dense + expert_layer_params(m, run)
+    expert = moe_layer_params(m, run)
     chunks = layout.layers_per_stage[stage]
     units: list[float] = []
     for c, layers in enumerate(chunks):
@@ -87,9 +87,8 @@ def _gathered_params(inputs: SimInputs, layout: Layout, stage: int) -> float:
 
 def _expert_params(inputs: SimInputs, layout: Layout, stage: int) -> float:
     """Expert parameters one GPU of ``stage`` holds (its ``num_experts / ep`` experts' share)."""
-    m = inputs.model
-    moe = sum(m.moe_layers(n) for n in layout.layers_per_stage[stage])
-    return moe * expert_layer_params(m, layout.run)
+    m, run = inputs.model, layout.run
+    return sum(chunk_expert_params(m, run, n) for n in layout.layers_per_stage[stage])
 
 
 def stage_memory(
@@ -100,9 +99,8 @@ def stage_memory(
     ZeRO shards a dense parameter's state over the dp x cp group and an expert's over the
     ranks that hold that expert, dp x cp / ep (expert parallelism is carved out of dp x cp)."""
     run = layout.run
-    shard = layout.dp * run.cp
     expert = _expert_params(inputs, layout, stage)
-    sharded = (params - expert) / shard + expert * run.ep / shard  # one rank's share
+    sharded = layout.sharded(params, expert)  # one rank's share
     mixed = ITEMSIZE_BYTES[inputs.dtype] < 4
     weights = params * param_itemsize_bytes(inputs.dtype)
     grads = params * grad_itemsize_bytes(inputs.dtype)

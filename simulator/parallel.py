@@ -98,12 +98,22 @@ class Layout:
     cp_group: tuple[int, ...]
     dp_group: tuple[int, ...]  # dp x cp ranks: the gradient-reduction group
     ep_group: tuple[int, ...]
+    # dp x cp / ep ranks holding the same experts (Megatron's expert-data-parallel group):
+    # expert gradients reduce, and expert state shards, over it
+    edp_group: tuple[int, ...]
     pp_pair: tuple[int, ...]
 
     @property
     def chunks(self) -> int:
         """Model chunks per stage (virtual stages with interleaving, else 1)."""
         return len(self.layers_per_stage[0])
+
+    def sharded(self, params: float, expert: float) -> float:
+        """One rank's share of ``params`` parameters, ``expert`` of them expert parameters,
+        when their state is split over the ranks that hold them: dp x cp for the dense ones,
+        `edp_group` (dp x cp / ep) for the experts."""
+        shard = self.dp * self.run.cp
+        return (params - expert) / shard + expert * self.run.ep / shard
 
 
 def split_layers(num_layers: int, parts: int) -> list[int]:
@@ -177,5 +187,6 @@ def check_run(
         cp_group=tuple(k * tp for k in range(cp)),
         dp_group=dp_group,
         ep_group=tuple(k * tp for k in range(run.ep)),
+        edp_group=tuple(k * tp * run.ep for k in range(cp * dp // run.ep)),
         pp_pair=(0, tp * cp * dp) if run.pp > 1 else (0,),
     )

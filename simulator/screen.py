@@ -11,7 +11,8 @@ embedding and head on the stages that hold them), ``m`` micro-batches and ``v`` 
 i.e. the GPipe/1F1B bubble ``(p-1)/(m+p-1)`` (``/v`` interleaved), with ``hops`` the
 point-to-point transfers on the critical path (fill and drain, plus one round trip per
 micro-batch in 1F1B's steady state, one way on average). The DP gradient reduction
-of each stage hides, all but its last bucket, behind the last backward when it overlaps;
+(expert gradients over their expert-data-parallel group, as `comm` prices them) of each stage
+hides, all but its last bucket, behind the last backward when it overlaps;
 the sharded optimizer's parameter all-gather and the optimizer step are added. ZeRO-3 pays its
 gathers and scatters unoverlapped (a pessimistic screen); ``deepspeed-2021`` ZeRO-3 blocks each
 micro-batch on them (`comm.zero3_blocking_s`). Memory is `dist_memory`'s, with
@@ -42,7 +43,12 @@ from simulator.parallel import Layout, RunConfig
 from simulator.scenario import SimInputs
 from simulator.simulate import layout_of
 from simulator.stagecost import BlockTimes, block_times, shard_kernels
-from simulator.stepcosts import stage_params, tp_bw_exposed_s
+from simulator.stepcosts import (
+    optimizer_params,
+    stage_expert_params,
+    stage_params,
+    tp_bw_exposed_s,
+)
 
 
 def in_flight_closed(schedule: str, pp: int, m: int, v: int, stage: int) -> int:
@@ -64,7 +70,7 @@ class ScreenCache:
     blocks: dict[tuple[Any, ...], BlockTimes] = field(default_factory=dict)
     comms: dict[tuple[Any, ...], LayerComm] = field(default_factory=dict)
     colls: dict[tuple[Any, ...], float] = field(default_factory=dict)
-    params: dict[tuple[Any, ...], list[float]] = field(default_factory=dict)
+    params: dict[tuple[Any, ...], list[tuple[float, float]]] = field(default_factory=dict)
     zero3: dict[tuple[Any, ...], dict[Any, float]] = field(default_factory=dict)
 
     def block(self, run: RunConfig) -> BlockTimes:
@@ -83,21 +89,36 @@ class ScreenCache:
             self.comms[key] = layer_comm(self.inputs, layout)
         return self.comms[key]
 
-    def stage_params(self, layout: Layout) -> list[float]:
-        """Parameters one GPU of each stage holds (`stepcosts.stage_params`)."""
+    def stage_params(self, layout: Layout) -> list[tuple[float, float]]:
+        """Parameters one GPU of each stage holds, and how many of them are expert parameters
+        (`stepcosts.stage_params`, `stepcosts.stage_expert_params`)."""
         r = layout.run
         key = (r.tp, r.ep, layout.layers_per_stage)
         if key not in self.params:
-            self.params[key] = stage_params(self.inputs, layout)
+            total = stage_params(self.inputs, layout)
+            expert = stage_expert_params(self.inputs, layout)
+            self.params[key] = list(zip(total, expert, strict=True))
         return self.params[key]
 
-    def dp(self, op: str, nbytes: float, layout: Layout) -> float:
-        """One collective over the layout's DP group."""
-        key = (op, round(nbytes), layout.run.tp, layout.run.cp, layout.dp)
+    def dp(self, op: str, nbytes: float, layout: Layout, *, expert: bool = False) -> float:
+        """One collective over the layout's DP group (``expert``: its expert-data-parallel
+        group, `Layout.edp_group`)."""
+        r = layout.run
+        key = (op, round(nbytes), r.tp, r.cp, layout.dp, r.ep if expert else 0)
         if key not in self.colls:
-            group = layout.dp_group
+            group = layout.edp_group if expert else layout.dp_group
             self.colls[key] = collective_s(op, nbytes, group, self.inputs.cluster)  # type: ignore[arg-type]
         return self.colls[key]
+
+    def dp_both(
+        self, op: str, params: tuple[float, float], itemsize: int, parts: int, layout: Layout
+    ) -> float:
+        """One DP collective of ``1 / parts`` of ``params`` (total, expert) parameters of
+        ``itemsize`` bytes: the dense ones over the DP group, the experts over theirs
+        (`comm.dp_grad_s`)."""
+        total, expert = params
+        dense = self.dp(op, (total - expert) * itemsize / parts, layout)
+        return dense + self.dp(op, expert * itemsize / parts, layout, expert=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,26 +153,28 @@ def _stage_mb_s(cache: ScreenCache, layout: Layout) -> list[float]:
     return out
 
 
-def _dp_s(cache: ScreenCache, layout: Layout, params: float, backward_s: float) -> float:
-    """Exposed DP communication of a stage holding ``params`` parameters; with overlap, the
-    reduction of all but the last bucket hides behind the last backward (``backward_s``)."""
+def _dp_s(
+    cache: ScreenCache, layout: Layout, params: tuple[float, float], backward_s: float
+) -> float:
+    """Exposed DP communication of a stage holding ``params`` (total, expert) parameters; with
+    overlap, the reduction of all but the last bucket hides behind the last backward
+    (``backward_s``)."""
     run, dtype = layout.run, cache.inputs.dtype
-    grads = params * grad_itemsize_bytes(dtype)
-    weights = params * param_itemsize_bytes(dtype)
+    gb, pb = grad_itemsize_bytes(dtype), param_itemsize_bytes(dtype)
     if run.zero3_blocks:
         return 0.0  # on the compute stream: `_zero3_blocking_s`
     if run.zero_stage >= 3:
-        per_chunk = 1.0 / layout.chunks
-        gather = cache.dp("all-gather", weights * per_chunk, layout)
-        scatter = cache.dp("reduce-scatter", grads * per_chunk, layout)
+        gather = cache.dp_both("all-gather", params, pb, layout.chunks, layout)
+        scatter = cache.dp_both("reduce-scatter", params, gb, layout.chunks, layout)
         return layout.num_micro_batches * layout.chunks * (2 * gather + scatter)
     op = "reduce-scatter" if run.shards_optimizer else "all-reduce"
     n = layout.chunks * grad_buckets(layout)  # as `comm.grad_sync_s`, over every chunk
-    grad = n * cache.dp(op, grads / n, layout)
+    grad = n * cache.dp_both(op, params, gb, n, layout)
     hidden = min(grad, backward_s) * (1 - 1 / run.buckets) if run.overlap_grad_reduce else 0.0
     exposed = grad - hidden
     if run.shards_optimizer:  # as `comm.param_gather_exposed_s`
-        exposed += cache.dp("all-gather", weights / param_gather_buckets(layout), layout)
+        k = param_gather_buckets(layout)
+        exposed += cache.dp_both("all-gather", params, pb, k, layout)
     return exposed
 
 
@@ -202,13 +225,14 @@ def screen(cache: ScreenCache, run: RunConfig) -> Screened:
     hops = pp * v - 1 + ((m - 1) / 2 if pp > 1 and run.schedule != "gpipe" else 0)
     fb = max(per_mb) * (m + (pp - 1) / v) + 2 * hops * lc.pp_hop_s
     params = cache.stage_params(layout)
-    shard = layout.dp * run.cp if run.shards_optimizer else 1
     adam = cache.block(run).adam_s_per_param
     last_bw = 2.0 / 3.0 * min(per_mb) / v
-    tail = max(_dp_s(cache, layout, p, last_bw) + p / shard * adam for p in set(params))
+    tail = max(
+        _dp_s(cache, layout, p, last_bw) + optimizer_params(*p, layout) * adam for p in set(params)
+    )
     iteration = fb + tail
     return Screened(
         iteration_s=iteration,
         tokens_per_s=inputs.global_batch_size * inputs.seq_len / iteration,
-        memory=_memory(cache, layout, params),
+        memory=_memory(cache, layout, [p for p, _ in params]),
     )

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from forecast.kernels import ITEMSIZE_BYTES, ROW_FAMILIES, Dtype, KernelSpec, OpFamily
 from forecast.predict import LatencyTable
+from simulator.errors import ConfigError
 from simulator.inventory_hf import Sizes, sizes
 from simulator.models import ModelSpec
 from simulator.opgraph import Block, Workload, inventory
@@ -194,6 +195,12 @@ def shard_kernels(inputs: SimInputs, run: RunConfig) -> ShardKernels:
     )
     shard = shard_model(inputs.model, run)
     blocks = {b.name: b for b in inventory(shard, w)}
+    if "layer" not in blocks:  # Switch: encoder and decoder stacks of dense and MoE layers
+        raise ConfigError(
+            f"model: {inputs.model.id} ({inputs.model.architecture}) has no one repeated layer "
+            "to split into pipeline stages; the distributed simulator takes decoder-only or "
+            "encoder-only models (gpt2, opt, bert, llama, mixtral)"
+        )
     embed, layer, head = blocks["embed"], blocks["layer"], blocks["head"]
     if inputs.framework == "megatron":
         z = sizes(shard, w)
@@ -245,16 +252,36 @@ def block_times(sk: ShardKernels, table: LatencyTable, run: RunConfig) -> BlockT
     )
 
 
+def expert_params(model: ModelSpec) -> int:
+    """Parameters of one expert's MLP (as `ModelSpec.layer_params` counts a layer's MLP)."""
+    h, f = model.hidden_size, model.ffn_hidden_size
+    mats = 3 if model.activation == "swiglu" else 2
+    return mats * h * f + (f + h if model.bias else 0)
+
+
 def expert_layer_params(model: ModelSpec, run: RunConfig) -> float:
-    """Expert parameters one GPU holds of one MoE layer (its ``num_experts / ep`` experts, a
-    ``1 / tp`` shard of each); beyond the layer's dense part."""
-    return (model.layer_params(moe=True) - model.layer_params(moe=False)) / (run.tp * run.ep)
+    """Expert parameters one GPU holds of one MoE layer: its ``num_experts / ep`` experts, a
+    ``1 / tp`` shard of each. The layer's other parameters (attention, norms, router) are
+    held as a dense layer's are."""
+    return model.num_experts * expert_params(model) / (run.tp * run.ep)
+
+
+def chunk_expert_params(model: ModelSpec, run: RunConfig, layers: int) -> float:
+    """Expert parameters one GPU holds for a chunk of ``layers`` layers."""
+    return model.moe_layers(layers) * expert_layer_params(model, run)
+
+
+def moe_layer_params(model: ModelSpec, run: RunConfig) -> float:
+    """Parameters one GPU holds of one MoE layer: the shared part over ``tp``, its experts."""
+    shared = model.layer_params(moe=True) - model.num_experts * expert_params(model)
+    return shared / run.tp + expert_layer_params(model, run)
 
 
 def chunk_params(model: ModelSpec, run: RunConfig, layers: int, *, first: bool, last: bool) -> int:
     """Parameters one GPU holds for a model chunk: its layers, plus embedding or head."""
-    dense = model.layer_params(moe=False)
-    total = layers * dense / run.tp + model.moe_layers(layers) * expert_layer_params(model, run)
+    moe = model.moe_layers(layers)
+    total = (layers - moe) * model.layer_params(moe=False) / run.tp
+    total += moe * moe_layer_params(model, run) if moe else 0.0
     return int(total + sum(end_tensors(model, run, first=first, last=last)))
 
 

@@ -30,7 +30,13 @@ from simulator.comm import (
 from simulator.execgraph import ChunkCost, StepCosts
 from simulator.parallel import Layout, RunConfig
 from simulator.scenario import SimInputs
-from simulator.stagecost import BlockTimes, block_times, chunk_params, shard_kernels
+from simulator.stagecost import (
+    BlockTimes,
+    block_times,
+    chunk_expert_params,
+    chunk_params,
+    shard_kernels,
+)
 from topologies.algorithms import Op
 
 
@@ -72,20 +78,23 @@ def _chunk_cost(
 
 def _with_dp(
     c: ChunkCost,
-    params: float,
+    params: tuple[float, float],
     inputs: SimInputs,
     layout: Layout,
     layers: int,
     ends: tuple[bool, bool],
     memo: dict[tuple[Op, float], float],
 ) -> ChunkCost:
+    """``params``: the chunk's parameters and how many of them are expert parameters."""
+    total, expert = params
     if layout.run.zero3_blocks:
         fw, bw = zero3_blocking_s(inputs, layout, layers, first=ends[0], last=ends[1], memo=memo)
         return replace(c, fw_dp_s=fw, bw_dp_s=bw)
     if layout.run.zero_stage >= 3:
-        gather = dp_param_gather_s(params, inputs, layout)
-        return replace(c, zero3_gather_s=gather, zero3_scatter_s=dp_grad_s(params, inputs, layout))
-    return replace(c, grad_sync_s=grad_sync_s(params, inputs, layout))
+        gather = dp_param_gather_s(total, inputs, layout, expert)
+        scatter = dp_grad_s(total, inputs, layout, expert)
+        return replace(c, zero3_gather_s=gather, zero3_scatter_s=scatter)
+    return replace(c, grad_sync_s=grad_sync_s(total, inputs, layout, expert))
 
 
 def step_costs(inputs: SimInputs, layout: Layout, table: LatencyTable) -> StepCosts:
@@ -97,20 +106,25 @@ def step_costs(inputs: SimInputs, layout: Layout, table: LatencyTable) -> StepCo
     chunks, optimizer, gather = [], [], []
     zero3_memo: dict[tuple[Op, float], float] = {}  # one DP group: every chunk shares it
     for s in range(pp):
-        row, stage_params = [], 0.0
+        row, stage_params, stage_expert = [], 0.0, 0.0
         for c in range(v):
             vs = c * pp + s
             n = layout.layers_per_stage[s][c]
             ends = (vs == 0, vs == pp * v - 1)
             params = chunk_params(inputs.model, run, n, first=ends[0], last=ends[1])
+            expert = chunk_expert_params(inputs.model, run, n)
             stage_params += params
+            stage_expert += expert
             cost = _chunk_cost(bt, lc, layout, n, ends)
-            row.append(_with_dp(cost, params, inputs, layout, n, ends, zero3_memo))
+            row.append(_with_dp(cost, (params, expert), inputs, layout, n, ends, zero3_memo))
         chunks.append(tuple(row))
-        shard = layout.dp * run.cp if run.shards_optimizer else 1
-        optimizer.append(stage_params / shard * bt.adam_s_per_param)
+        local = optimizer_params(stage_params, stage_expert, layout)
+        optimizer.append(local * bt.adam_s_per_param)
         sharded = run.shards_optimizer and run.zero_stage < 3
-        gather.append(param_gather_exposed_s(stage_params, inputs, layout) if sharded else 0.0)
+        exposed = (
+            param_gather_exposed_s(stage_params, inputs, layout, stage_expert) if sharded else 0.0
+        )
+        gather.append(exposed)
     return StepCosts(
         chunks=tuple(chunks),
         num_micro_batches=layout.num_micro_batches,
@@ -122,6 +136,12 @@ def step_costs(inputs: SimInputs, layout: Layout, table: LatencyTable) -> StepCo
         buckets=run.buckets,
         blocking_sends=run.pp_blocking_sends and pp > 1,
     )
+
+
+def optimizer_params(params: float, expert: float, layout: Layout) -> float:
+    """Parameters whose optimizer state one GPU steps, of the ``params`` (``expert`` of them
+    expert parameters) it holds: its share when the optimizer is sharded (`Layout.sharded`)."""
+    return layout.sharded(params, expert) if layout.run.shards_optimizer else params
 
 
 def stage_params(inputs: SimInputs, layout: Layout) -> list[float]:
@@ -136,3 +156,12 @@ def stage_params(inputs: SimInputs, layout: Layout) -> list[float]:
             total += chunk_params(inputs.model, run, n, first=vs == 0, last=vs == pp * v - 1)
         out.append(total)
     return out
+
+
+def stage_expert_params(inputs: SimInputs, layout: Layout) -> list[float]:
+    """Expert parameters one GPU of each stage holds (part of `stage_params`)."""
+    run = layout.run
+    return [
+        sum(chunk_expert_params(inputs.model, run, n) for n in layout.layers_per_stage[s])
+        for s in range(run.pp)
+    ]
