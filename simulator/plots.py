@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from simulator.figures import save_figure
-from simulator.report import RANKING_NAMES, best_per_context, layout_label, rank
+from simulator.report import RANKING_NAMES, amount_text, best_per_context, layout_label, rank
 from simulator.rows import Row
 
 PARTS = ("compute", "tp", "cp", "ep", "pp", "dp", "optimizer")
@@ -78,7 +78,9 @@ def _pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 def plot_pareto(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path:
     """Throughput against memory per GPU, per context: screened (small), simulated (ringed),
-    and the Pareto front of the simulated layouts (most tokens/s for the memory)."""
+    and each context's Pareto front of its simulated layouts (most tokens/s for the memory).
+    A front is per context: one front over all of them traced only the largest, fastest
+    cluster's layouts, as if a smaller cluster's were no trade-off at all."""
     fig, ax = plt.subplots(figsize=(9, 5.5))
     sim = rank(rows, "tokens")
     scr = [r for r in rows if r["status"] == "ok" and r["tier"] == "screen"]
@@ -91,9 +93,10 @@ def plot_pareto(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path:
         xs = [r["memory_gib_per_gpu"] for r in mine]
         ys = [r["tokens_per_s"] for r in mine]
         ax.scatter(xs, ys, s=22, c=color, edgecolors="k", linewidths=0.6, label=ctx)
-    front = _pareto([(r["memory_gib_per_gpu"], r["tokens_per_s"]) for r in sim])
-    if front:
-        ax.step(*zip(*front, strict=True), where="post", color="k", lw=1.2, label="Pareto front")
+        front = _pareto(list(zip(xs, ys, strict=True)))
+        if front:
+            ax.step(*zip(*front, strict=True), where="post", color=color, lw=1.2)
+    ax.plot([], [], color="k", lw=1.2, label="Pareto front of each (its color)")
     ax.set_xlabel("peak memory per GPU, GiB")
     ax.set_ylabel("tokens/s")
     ax.set_title("Throughput vs memory (faint: screened in closed form; ringed: simulated)")
@@ -128,30 +131,47 @@ def plot_scaling(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path
     return save_figure(fig, path)
 
 
+# (unit, scale) choices per quantity, largest first: the first in which the largest value
+# reads as at least 1 is used (a fine-tuning budget's cost read 0.00 million $)
+_DAYS = (("days", 1 / 86400), ("hours", 1 / 3600), ("minutes", 1 / 60), ("s", 1.0))
+_USD = (("million $", 1e-6), ("thousand $", 1e-3), ("$", 1.0))
+_MWH = (("MWh", 1.0), ("kWh", 1e3), ("Wh", 1e6))
+
+
+def _unit(values: list[float | None], units: tuple[tuple[str, float], ...]) -> tuple[str, float]:
+    top = max((v for v in values if v is not None), default=0.0)
+    return next(((u, k) for u, k in units if top * k >= 1), units[-1])
+
+
 def plot_procurement(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path:
     """Per option and size, its best layout's time to train, cost and energy (the panels the
-    rows can fill: without a token budget, tokens/s only)."""
+    rows can fill: without a token budget, tokens/s only). An option without a price or
+    power has no bar in that panel and says so (it was drawn as a bar of zero)."""
     best = best_per_context(rows, by)
     labels = [r["context"] for r in best]
-    panels: list[tuple[str, list[float], str, str]] = []
+    # (axis label, unit choices, values, what a missing value lacks, color)
+    panels: list[tuple[str, tuple[tuple[str, float], ...], list[float | None], str, str]] = []
     if any(r["time_to_train_s"] is not None for r in best):
-        days = [(r["time_to_train_s"] or 0.0) / 86400 for r in best]
-        panels.append(("days to train the token budget", days, "{:.1f}", "#4c72b0"))
+        days = [r["time_to_train_s"] for r in best]
+        panels.append(("time to train the token budget", _DAYS, days, "", "#4c72b0"))
     else:
         tps = [r["tokens_per_s"] for r in best]
-        panels.append(("best tokens/s", tps, "{:,.0f}", "#4c72b0"))
+        panels.append(("throughput", (("tokens/s", 1.0),), tps, "", "#4c72b0"))
     if any(r["cost_usd"] is not None for r in best):
-        cost = [(r["cost_usd"] or 0.0) / 1e6 for r in best]
-        panels.append(("cost, million $ (user-supplied prices)", cost, "{:.2f}", "#c44e52"))
+        cost = [r["cost_usd"] for r in best]
+        panels.append(("cost (user-supplied prices)", _USD, cost, "no price", "#c44e52"))
     if any(r["energy_mwh"] is not None for r in best):
-        mwh = [r["energy_mwh"] or 0.0 for r in best]
-        panels.append(("energy, MWh (user-supplied power)", mwh, "{:,.0f}", "#55a868"))
+        mwh = [r["energy_mwh"] for r in best]
+        panels.append(("energy (user-supplied power)", _MWH, mwh, "no power", "#55a868"))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels) + 1.5, 5), squeeze=False)
-    for i, (ax, (xlabel, values, fmt, color)) in enumerate(zip(axes[0], panels, strict=True)):
-        bars = ax.barh(labels, values, color=color)
-        ax.bar_label(bars, labels=[fmt.format(v) for v in values], fontsize=8, padding=2)
-        ax.set_xlabel(xlabel)
-        ax.set_xlim(0, max(values) * 1.2 if values else 1)
+    for i, (ax, (what, units, raw, lacks, color)) in enumerate(zip(axes[0], panels, strict=True)):
+        unit, scale = _unit(raw, units)
+        values = [None if v is None else v * scale for v in raw]
+        bars = ax.barh(labels, [v or 0.0 for v in values], color=color)
+        texts = [lacks if v is None else amount_text(v) for v in values]
+        ax.bar_label(bars, labels=texts, fontsize=8, padding=2)
+        ax.set_xlabel(f"{what}, {unit}")
+        ax.set_xlim(0, max((v for v in values if v is not None), default=0.0) * 1.2 or 1.0)
         if i:
             ax.set_yticks([])
     fig.suptitle(f"Cluster options: best layout of each (ranked by {RANKING_NAMES[by]})")

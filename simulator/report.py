@@ -49,6 +49,13 @@ def _fmt(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+def amount_text(v: float | None) -> str:
+    """Days, dollars or MWh: whole numbers from 100 up, else three significant digits (fixed
+    decimals printed a fine-tuning job's 0.37 $ as "0", its 0.19 MWh as "0", 0.002 days as
+    "0.0")."""
+    return "-" if v is None else format(v, ",.0f" if abs(v) >= 100 else "#.3g")
+
+
 def layout_label(r: Row) -> str:
     """A short text of a row's layout (tp, pp, dp, micro-batch, schedule, recompute, ZeRO)."""
     sched = r["schedule"] + (f"/v{r['virtual_stages']}" if r["virtual_stages"] > 1 else "")
@@ -82,8 +89,8 @@ def top_table(rows: Sequence[Row], *, k: int = 10, by: str = "tokens") -> str:
                 _fmt(r["iteration_s"], ".3g"),
                 _fmt(r["bubble_fraction"], ".1%"),
                 _fmt(r["memory_gib_per_gpu"], ".1f"),
-                _fmt(days, ".1f"),
-                _fmt(r["cost_usd"], ",.0f"),
+                amount_text(days),
+                amount_text(r["cost_usd"]),
             ]
         )
     return _table(header, lines)
@@ -102,9 +109,9 @@ def procurement_table(rows: Sequence[Row], *, by: str = "tokens") -> str:
                 layout_label(r),
                 _fmt(r["tokens_per_s"], ",.0f"),
                 _fmt(r["mfu"], ".1%"),
-                _fmt(days, ".1f"),
-                _fmt(r["cost_usd"], ",.0f"),
-                _fmt(r["energy_mwh"], ",.0f"),
+                amount_text(days),
+                amount_text(r["cost_usd"]),
+                amount_text(r["energy_mwh"]),
             ]
         )
     return _table(header, lines)
@@ -145,13 +152,14 @@ def markdown_report(
     """The sweep's report: counts, top K, best per cluster option, screen accuracy, errors."""
     n = counts(rows)
     err = screen_error(rows)
+    shown = min(k, len(rank(rows, by)))
     parts = [
         f"# Sweep: {title}",
         f"{n['layouts'] + pruned} layouts enumerated; {pruned} pruned as invalid or duplicate; "
         f"{n['layouts']} screened in closed form; {n['infeasible']} do not fit in memory; "
         f"{n['simulated']} simulated with the execution graph; {n['errors']} errors. "
-        f"Ranked by {RANKINGS[by][0]} (simulated layouts only).",
-        f"## Top {k}",
+        f"Ranked by {RANKING_NAMES[by]} (simulated layouts only).",
+        f"## Top {shown}",
         top_table(rows, k=k, by=by),
         "## Best layout per cluster option",
         procurement_table(rows, by=by),

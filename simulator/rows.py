@@ -5,11 +5,12 @@ A row has every key of `COLUMNS` (``None`` where it does not apply), so CSV colu
 candidates); ``status`` is ``ok``, ``infeasible`` (valid but does not fit; ``reason`` says
 why) or ``error`` (an unexpected exception; ``reason`` holds the traceback's last line and
 ``error`` the traceback). Rows are appended to ``progress.jsonl`` as they arrive; a rerun reads
-it back (a torn last line from an interrupt is dropped) and skips what is there, unless other
-code or other inputs wrote it (``progress.meta.json`` holds their fingerprint; an unreadable
-one also starts afresh). The final ``rows.jsonl`` and ``rows.parquet`` (``rows.csv`` without
-pyarrow) hold one row per layout, the simulated row where there is one, sorted by ``key``;
-they are written whole or not at all, and no row holds NaN or an infinity (JSON has neither).
+it back (a torn last line from an interrupt is dropped, and so are ``error`` rows: a rerun
+tries those layouts again) and skips what is there, unless other code or other inputs wrote it
+(``progress.meta.json`` holds their fingerprint; an unreadable one also starts afresh). The
+final ``rows.jsonl`` and ``rows.parquet`` (``rows.csv`` without pyarrow) hold one row per
+layout, the simulated row where there is one, sorted by ``key``; they are written whole or
+not at all, and no row holds NaN or an infinity (JSON has neither).
 """
 
 from __future__ import annotations
@@ -179,7 +180,9 @@ class ProgressLog:
         if self.stale:
             self.path.unlink()
         write_text_atomic(meta, json.dumps({"fingerprint": fingerprint}) + "\n")
-        rows = [r for r in read_jsonl(self.path) if _is_logged_row(r)]
+        # error rows are not resumed: a rerun tries those layouts again (a worker that died of
+        # memory, a fixed bug), as a fresh folder would, instead of reporting the old failure
+        rows = [r for r in read_jsonl(self.path) if _is_logged_row(r) and r["status"] != "error"]
         self.done: dict[tuple[str, str], Row] = {(r["key"], r["tier"]): r for r in rows}
         text = "".join(dumps_row(r) for r in self.done.values())
         if not self.path.exists() or self.path.read_bytes() != text.encode():
