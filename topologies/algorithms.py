@@ -111,10 +111,14 @@ def _nvls_phase(op: Op, nbytes: float, g: GroupLinks) -> Phase | None:
 
 
 def _inter_phase(op: Op, nbytes: float, g: GroupLinks) -> Phase:
-    """The inter-node ring among ranks with the same local index, on S / ranks_per_node."""
+    """The inter-node ring among ranks with the same local index, on S / ranks_per_node.
+
+    On a PCIe server the NIC traffic crosses the GPU's one x16 link, so it cannot overlap the
+    intra-node phases (it runs on link "intra")."""
     per_rank_bw = g.inter_bw_bytes_per_s / g.ranks_per_node
     p = _ring_phase(op, nbytes / g.ranks_per_node, g.num_nodes, per_rank_bw, g.inter_latency_s)
-    return Phase(p.wire_bytes, p.bw_bytes_per_s, p.latency_s, p.depth_s, link="inter")
+    link = "intra" if g.nic_on_intra_link else "inter"
+    return Phase(p.wire_bytes, p.bw_bytes_per_s, p.latency_s, p.depth_s, link=link)
 
 
 def _two_level(op: Op, nbytes: float, g: GroupLinks, intra: list[Phase]) -> list[Phase] | None:
@@ -164,7 +168,7 @@ def direct(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
     if g.num_nodes > 1:
         inter_s = nbytes * (n - ppn) / n / (g.inter_bw_bytes_per_s / ppn)
     wire = nbytes * (n - 1) / n
-    bw = wire / max(intra_s, inter_s)
+    bw = wire / (intra_s + inter_s if g.nic_on_intra_link else max(intra_s, inter_s))
     latency = (ppn - 1) * g.intra_latency_s + (g.num_nodes - 1) * g.inter_latency_s
     return [Phase(wire, bw, latency, 0.0)]
 

@@ -24,6 +24,8 @@ class GroupLinks:
 
     Bandwidths are effective (line rate x efficiency x degradation), bytes/s per direction;
     ``inter_bw_bytes_per_s`` is per node (all NICs the group's ranks on that node use).
+    ``nic_on_intra_link``: a GPU reaches its NIC over the same link it reaches its peers by
+    (a PCIe-only server: one x16 link carries both), so intra and inter traffic add up.
     """
 
     size: int
@@ -36,6 +38,7 @@ class GroupLinks:
     inter_latency_s: float
     launch_latency_s: float
     nvls: NVLSSpec | None
+    nic_on_intra_link: bool = False
 
 
 class Cluster:
@@ -137,6 +140,7 @@ class Cluster:
             inter_latency_s=self.network.link.latency_s if self.network else 0.0,
             launch_latency_s=self.server.launch_latency_s,
             nvls=self.server.nvls if self.server.fabric == "nvswitch" else None,
+            nic_on_intra_link=self.server.fabric == "pcie",
         )
 
     def _inter_bw(self, per_node: dict[int, list[int]]) -> float:

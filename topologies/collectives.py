@@ -1,7 +1,7 @@
 """Collective cost: alpha-beta per tier, protocols, and an NCCL-style choice of algorithm.
 
 time = launch + sum over phases of [latency + bytes / bw + 2 sqrt(depth * bytes / bw)] under
-the protocol chosen (Simple: full bandwidth, pipelined; LL: half bandwidth, 1/5 the per-step
+the protocol chosen (Simple: full bandwidth, pipelined; LL: 0.35 of it, 1/5 the per-step
 latency, no chunk pipeline). ``auto`` takes the fastest (algorithm, protocol) pair, as NCCL's
 tuner does with its own model. A group of one rank costs 0 s (and has no bandwidth).
 """
@@ -42,9 +42,11 @@ class Protocol:
 
 PROTOCOLS: dict[str, Protocol] = {
     "simple": Protocol("simple", 1.0, 1.0, pipelined=True),
-    # LL: 4 B data + 4 B flag per 8 B, so half the bandwidth (collectives.md section 4, and
-    # NCCL's ring LL busBw = 0.5 x busBw); per-hop latency about 1/5 of Simple in NCCL's
-    # hwLatencies (NVLink 0.6 vs 3.4 us, NET 2.7 vs 14 us).
+    # LL: 4 B data + 4 B flag per 8 B, so at most half the bandwidth (NCCL's ring LL busBw =
+    # 0.5 x busBw); 0.35 is fitted inside the measured 25-50 % of peak (collectives.md
+    # section 4): 0.5 over-predicts the Azure 1-8 MiB all-reduce points by up to 30 %.
+    # Per-hop latency about 1/5 of Simple in NCCL's hwLatencies (NVLink 0.6 vs 3.4 us,
+    # NET 2.7 vs 14 us).
     "ll": Protocol("ll", 0.35, 0.2, pipelined=False),
 }
 # Algorithms that run only with the Simple protocol (NCCL: NVLS is Simple-only).
