@@ -177,7 +177,7 @@ def test_collected_csv_gives_tensor_core_gemm_and_fa2_forward_cases(tmp_path: Pa
     path = _collected(
         tmp_path,
         "bmm,1,4096,4096,4096,,0.2,NVIDIA H200,bf16,sm90_xmma_gemm",
-        "attention,32,8192,8192,128,,3.0,NVIDIA H200,fp16,flash_fwd_kernel<Flash_fwd_kernel_traits>",
+        "attention,32,8192,8192,128,,3.0,NVIDIA H200,fp16,flash_fwd_kernel<Flash_traits>",
         "attention,32,8192,8192,128,,3.0,NVIDIA H200,fp16,cudnn_generated_sdpa",  # not FA2
         "bmm,1,4096,4096,4096,,1.9,NVIDIA H200,fp32,sm90_sgemm",  # CUDA cores
         "add,8192,,,,4096,0.05,NVIDIA H200,bf16,elementwise_kernel",  # memory-bound
