@@ -71,7 +71,8 @@ def kernel_of_row(r: object) -> KernelSpec:
 def read_table(path: Path) -> pd.DataFrame:
     """Read one .csv or .csv.gz file; a `DataError` if it cannot be read."""
     if not path.is_file():
-        raise DataError(f"cannot read {path}: no such file (give a .csv or .csv.gz path)")
+        what = "a folder" if path.is_dir() else "no such file"
+        raise DataError(f"cannot read {path}: {what} (give a .csv or .csv.gz path)")
     try:
         return pd.read_csv(path, low_memory=False)
     except (OSError, ValueError, UnicodeDecodeError) as e:

@@ -241,7 +241,8 @@ def load_gpu(name_or_path: str | Path) -> GPUSpec:
     if path.suffix == ".json" and path.is_file():
         return _from_neusight_json(path)
     if path.suffix in {".toml", ".json"}:
-        raise GPUError(f"GPU file {path} does not exist")
+        what = "is a folder; give the file" if path.is_dir() else "does not exist"
+        raise GPUError(f"GPU file {path} {what}")
     raise GPUError(
         f"unknown GPU {text!r}: use a catalog id ({', '.join(list_gpus())}), "
         "a device name, or a path to a .toml catalog file or NeuSight device .json"

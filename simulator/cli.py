@@ -13,12 +13,12 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, cast
 
 from pydantic import ValidationError
 
 from forecast.gpus import GPUError, list_gpus, load_gpu
-from simulator.errors import ConfigError, InfeasibleConfig
+from simulator.errors import ConfigError, InfeasibleConfig, path_arg
 from simulator.kernel_commands import KERNEL_ERRORS, add_kernel_commands
 from simulator.models import list_models
 from simulator.predict_commands import add_predict_commands
@@ -78,11 +78,11 @@ def _add_topologies(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("kind", help="gpus | servers | networks | models | scenarios | keys")
     p.set_defaults(handler=_list)
     p = sub.add_parser("collective-plot", help="predicted vs measured all-reduce busbw figure")
-    p.add_argument("--data", type=Path, required=True, help="shared/data/hardware folder")
-    p.add_argument("--out", type=Path, default=Path("busbw.png"), help="PNG to write")
+    p.add_argument("--data", type=path_arg, required=True, help="shared/data/hardware folder")
+    p.add_argument("--out", type=path_arg, default=Path("busbw.png"), help="PNG to write")
     p.set_defaults(handler=_collective_plot)
     p = sub.add_parser("collective-check", help="measured vs predicted all-reduce busbw table")
-    p.add_argument("--data", type=Path, required=True, help="shared/data/hardware folder")
+    p.add_argument("--data", type=path_arg, required=True, help="shared/data/hardware folder")
     p.add_argument(
         "--min-bytes", type=float, default=2**20, help="smallest size shown (a finite number)"
     )
@@ -172,13 +172,23 @@ def _collective_check(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line (argparse prints the whole usage block first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line, one place."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tilesim",
         description="Forecast GPU kernels and distributed training steps on GPUs you don't have.",
     )
-    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub = cast(  # every subcommand parser is a `_Parser` (argparse makes them of its class)
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND"),
+    )
     _add_kernels(sub)
     _add_topologies(sub)
     add_predict_commands(sub)
@@ -191,7 +201,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return the exit code (0 ok, 1 infeasible, 2 bad input, 130
     interrupted)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0), or a malformed command line: one line, 2
+        return e.code if isinstance(e.code, int) else 2
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)

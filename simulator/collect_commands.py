@@ -9,21 +9,33 @@ device, and nothing else imports it. ``--op gemm --dims M,N,K`` (``kernels predi
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import statistics
 from pathlib import Path
 
 from forecast.kernels import Dtype, KernelSpec, OpFamily
-from simulator.errors import ConfigError, at_least
+from simulator.errors import ConfigError, at_least, path_arg
+
+MAX_DIM = 2**40  # one kernel dimension: past it the forecasters' int64 arrays overflow
+
+
+def check_dims(dims: tuple[int, ...], text: str) -> tuple[int, ...]:
+    """``dims`` unless one is above `MAX_DIM` (a `ConfigError` naming ``--dims``)."""
+    if any(d > MAX_DIM for d in dims):
+        raise ConfigError(f"--dims {text!r}: each size at most 2^40 ({MAX_DIM}); give smaller dims")
+    return dims
 
 
 def gemm_kernel(dims_text: str, dtype: str) -> KernelSpec:
     """``M,N,K`` (K the reduction) -> ``bmm (1, M, K, N)``; a `ConfigError` if malformed."""
     try:
-        m, n, k = (int(x) for x in dims_text.split(","))
+        m, n, k = check_dims(tuple(int(x) for x in dims_text.split(",")), dims_text)
         return KernelSpec(OpFamily.BMM, (1, m, k, n), Dtype(dtype))
     except ValueError as e:
+        if isinstance(e, ConfigError):
+            raise
         raise ConfigError(f"--op gemm --dims {dims_text!r}: give M,N,K positive ({e})") from None
 
 
@@ -33,17 +45,17 @@ def add_collect_commands(ksub: argparse._SubParsersAction[argparse.ArgumentParse
     c.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where to time")
     c.add_argument("--ops", default=None, help="comma list; default: every op of the collector")
     c.add_argument("--dtypes", default=None, help="comma list of bf16,fp16,fp8,tf32,fp32")
-    c.add_argument("--out", type=Path, required=True, help="CSV to write or resume")
+    c.add_argument("--out", type=path_arg, required=True, help="CSV to write or resume")
     c.add_argument("--budget-s", type=float, default=None, help="stop after this many seconds")
     c.add_argument("--repeats", type=int, default=10, help="timed calls per kernel (median)")
     c.set_defaults(handler=_collect)
 
     t = ksub.add_parser("tc-calibrate", help="fit the tensor-core model; print the holdout table")
-    t.add_argument("--data", type=Path, default=None, help="folder with microbenchmarks.json")
+    t.add_argument("--data", type=path_arg, default=None, help="folder with microbenchmarks.json")
     t.add_argument("--holdout", default="h200-sxm-141gb", help="GPU id kept out, or 'none'")
     t.add_argument(
         "--measured",
-        type=Path,
+        type=path_arg,
         nargs="+",
         default=[],
         metavar="CSV",
@@ -65,6 +77,22 @@ def _choices(text: str | None, allowed: tuple[str, ...], flag: str) -> tuple[str
     return items
 
 
+def _check_resumable(out: Path, columns: tuple[str, ...]) -> None:
+    """An existing ``--out`` is resumed (rows appended): refuse one this command did not write
+    (another CSV, a JSON, an empty or non-UTF-8 file), which it would corrupt or crash on."""
+    if not out.exists():
+        return
+    fix = "give a new file name, or a CSV this command wrote to resume it"
+    try:
+        with out.open(newline="", encoding="utf-8") as f:
+            header = next(csv.reader(f), None)
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise ConfigError(f"--out {out}: cannot read it as a UTF-8 CSV ({e}); {fix}") from None
+    if header != list(columns):
+        what = "an empty file" if header is None else "its header is not the collector's"
+        raise ConfigError(f"--out {out}: not a `tilesim kernels collect` CSV ({what}); {fix}")
+
+
 def _collect(args: argparse.Namespace) -> int:
     from forecast import profile
 
@@ -75,6 +103,7 @@ def _collect(args: argparse.Namespace) -> int:
         why = "is a folder" if args.out.is_dir() else f"needs the folder {args.out.parent}"
         raise ConfigError(f"--out {args.out} {why}; give a CSV path in an existing folder")
 
+    _check_resumable(args.out, profile.COLUMNS)
     cfg = profile.CollectConfig(
         device=args.device,
         out=args.out,

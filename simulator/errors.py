@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
+
 
 class ConfigError(ValueError):
     """Bad user input: the message names the field and the fix."""
@@ -19,3 +22,11 @@ def at_least(flag: str, value: float, lo: float) -> None:
     """Raise `ConfigError` naming ``flag`` unless ``value >= lo``."""
     if value < lo:
         raise ConfigError(f"{flag} must be at least {lo}, got {value}")
+
+
+def path_arg(text: str) -> Path:
+    """An argparse ``type`` for a path flag: an empty text (an unset shell variable) is one
+    error naming the flag, not ``Path("")``, which is the current folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path; give a file or folder name")
+    return Path(text)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,9 @@ from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, resolve_op
 from forecast.predict import LATENCY_MODELS, WEIGHTS_DIR, ModelError, load_latency_model
 from forecast.report import ReportError, update_readme, validation_markdown
 from forecast.tensor_core import TensorCoreError
-from simulator.collect_commands import add_collect_commands, gemm_kernel
-from simulator.errors import ConfigError
+from simulator.collect_commands import add_collect_commands, check_dims, gemm_kernel
+from simulator.errors import ConfigError, path_arg
+from simulator.rows import write_text_atomic
 
 KERNEL_ERRORS: tuple[type[Exception], ...] = (DataError, ModelError, TensorCoreError, ReportError)
 VALIDATION_FILE = WEIGHTS_DIR / "validation.json"
@@ -31,7 +33,7 @@ def add_kernel_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         help="single-GPU kernel latency: predict, eval, train, validate, table, plot, collect, "
         "tc-calibrate",
     )
-    ks = p.add_subparsers(dest="kernels_cmd", required=True)
+    ks = p.add_subparsers(dest="kernels_cmd", required=True, metavar="COMMAND")
 
     q = ks.add_parser("predict", help="latency of one kernel on one GPU")
     q.add_argument("--gpu", required=True, help="catalog id, device name, .toml or NeuSight .json")
@@ -44,30 +46,30 @@ def add_kernel_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     add_collect_commands(ks)
 
     e = ks.add_parser("eval", help="score measurement CSVs (NeuSight schema), per family")
-    e.add_argument("--csv", nargs="+", required=True, type=Path, help=".csv or .csv.gz files")
+    e.add_argument("--csv", nargs="+", required=True, type=path_arg, help=".csv or .csv.gz files")
     e.add_argument("--model", default="tile-mlp", help=f"one of {', '.join(LATENCY_MODELS)}")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(handler=_eval)
 
     t = ks.add_parser("train", help="train the tile-MLP on the five NeuSight training GPUs")
-    t.add_argument("--data", type=Path, default=None, help="NeuSight data folder")
-    t.add_argument("--out", type=Path, default=WEIGHTS_DIR, help="weights folder to write")
+    t.add_argument("--data", type=path_arg, default=None, help="NeuSight data folder")
+    t.add_argument("--out", type=path_arg, default=WEIGHTS_DIR, help="weights folder to write")
     t.set_defaults(handler=_train)
 
     v = ks.add_parser("validate", help="unseen-GPU and leave-one-GPU-out errors vs roofline")
-    v.add_argument("--data", type=Path, default=None, help="NeuSight data folder")
-    v.add_argument("--out", type=Path, default=VALIDATION_FILE, help="JSON report to write")
+    v.add_argument("--data", type=path_arg, default=None, help="NeuSight data folder")
+    v.add_argument("--out", type=path_arg, default=VALIDATION_FILE, help="JSON report to write")
     v.add_argument("--no-logo", action="store_true", help="skip leave-one-GPU-out (5 retrains)")
     v.set_defaults(handler=_validate)
 
     pl = ks.add_parser("plot", help="figure: predicted vs measured on GPUs absent from training")
-    pl.add_argument("--data", type=Path, default=None, help="NeuSight data folder")
-    pl.add_argument("--out", type=Path, default=Path("kernels.png"), help="PNG to write")
+    pl.add_argument("--data", type=path_arg, default=None, help="NeuSight data folder")
+    pl.add_argument("--out", type=path_arg, default=Path("kernels.png"), help="PNG to write")
     pl.set_defaults(handler=_plot)
 
     tb = ks.add_parser("table", help="print the validation table; --readme rewrites it in place")
-    tb.add_argument("--report", type=Path, default=VALIDATION_FILE, help="validation JSON")
-    tb.add_argument("--readme", type=Path, default=None, help="README to update in place")
+    tb.add_argument("--report", type=path_arg, default=VALIDATION_FILE, help="validation JSON")
+    tb.add_argument("--readme", type=path_arg, default=None, help="README to update in place")
     tb.set_defaults(handler=_table)
 
 
@@ -76,7 +78,7 @@ def _parse_dims(text: str) -> tuple[int, ...]:
         dims = tuple(int(x) for x in text.split(","))
     except ValueError:
         raise ConfigError(f"--dims {text!r}: give comma-separated positive integers") from None
-    return dims
+    return check_dims(dims, text)
 
 
 def _kernel(args: argparse.Namespace) -> KernelSpec:
@@ -123,6 +125,13 @@ def _predict(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     result = score(_model(args.model), load_measurements(args.csv))
+    if all(fam == "skipped" for fam in result):  # it printed "skipped rows: N" and exited 0
+        skipped = result["skipped"]
+        first = f"; row {skipped[0]['row']}: {skipped[0]['reason']}" if skipped else ""
+        raise ConfigError(
+            f"--csv: no row to score ({len(skipped)} skipped{first}); give measurements in "
+            "the NeuSight schema"
+        )
     if args.json:
         print(json.dumps(result))
         return 0
@@ -134,9 +143,24 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_out(path: Path, *, folder: bool) -> None:
+    """Refuse before the minutes of training an ``--out`` the result cannot be written to (a
+    file where the weights folder goes, a folder where the report goes, no writable folder)."""
+    if folder and path.exists() and not path.is_dir():
+        raise ConfigError(f"--out {path}: a file is there; give a folder for the weights")
+    if not folder and (path.is_dir() or not path.name):
+        raise ConfigError(f"--out {path} is a folder; give a file name such as validation.json")
+    parent = path if folder else path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {path}: {parent} is not a writable folder; give another path")
+
+
 def _train(args: argparse.Namespace) -> int:
     from forecast.train import train_model
 
+    _check_out(args.out, folder=True)
     data = args.data or default_data_dir()
     model = train_model(data)
     model.meta["heldout_unseen_gpus"] = unseen_errors(model, data)
@@ -176,7 +200,9 @@ def _table(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    _check_out(args.out, folder=False)
     report = validate(args.data or default_data_dir(), logo=not args.no_logo)
-    args.out.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(args.out, json.dumps(report, indent=2, sort_keys=True) + "\n")
     print(f"wrote {args.out}")
     return 0

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -18,7 +17,7 @@ from forecast.predict import LatencyModel, load_latency_model
 from forecast.report import check_readme, update_readme_tables
 from simulator.e2e import E2EResult, predict_run
 from simulator.e2e_tables import E2E_MARKERS, e2e_runs, e2e_tables
-from simulator.errors import ConfigError
+from simulator.errors import ConfigError, path_arg
 from simulator.models import DEFAULT_DATA_DIR, load_model
 from simulator.opgraph import Workload
 
@@ -35,27 +34,27 @@ def add_predict_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument(
         "--dtype", help="fp32 (default), tf32, bf16, fp16, fp8; not with --module (its parameters')"
     )
-    p.add_argument("--runs", type=Path, help="JSONL, one run per line with the flags' keys")
+    p.add_argument("--runs", type=path_arg, help="JSONL, one run per line with the flags' keys")
     p.add_argument("--module", help="FILE.py:FUNC, FUNC(batch, seq) -> (nn.Module, inputs): traced")
     p.add_argument(
         "--latency-model",
         default="auto",
         help="auto (tile-mlp for fp32, tensor-core model otherwise) | tile-mlp | roofline",
     )
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
+    p.add_argument("--data", type=path_arg, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
     p.add_argument("--json", action="store_true", help="print JSON (one object per run)")
     p.set_defaults(handler=_predict)
     v = sub.add_parser("validate", help="validation against measurements")
-    vs = v.add_subparsers(dest="validate_cmd", required=True)
+    vs = v.add_subparsers(dest="validate_cmd", required=True, metavar="COMMAND")
     e = vs.add_parser(
         "e2e",
         help="whole-model error per GPU, per op family against the per-op traces, and the "
         "kernels measured twice (NeuSight labels)",
     )
-    e.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
+    e.add_argument("--data", type=path_arg, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
     e.add_argument("--markdown", action="store_true", help="print the README table only")
-    e.add_argument("--readme", type=Path, default=None, help="rewrite the README's e2e table")
-    e.add_argument("--plot", type=Path, default=None, help="draw predicted vs measured (PNG)")
+    e.add_argument("--readme", type=path_arg, default=None, help="rewrite the README's e2e table")
+    e.add_argument("--plot", type=path_arg, default=None, help="draw predicted vs measured (PNG)")
     e.set_defaults(handler=_validate_e2e)
     from simulator.simulate_commands import add_validate_distributed
 
@@ -78,7 +77,7 @@ def _latency_model(kind: str) -> LatencyModel:
     try:
         return load_latency_model(kind)
     except ValueError as e:
-        raise ConfigError(str(e)) from e
+        raise ConfigError(f"--latency-model: {e}") from e
 
 
 def _predict_module(args: argparse.Namespace) -> int:
@@ -107,7 +106,9 @@ def _predict_module(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_one(spec: dict[str, Any], args: argparse.Namespace) -> E2EResult:
+def _run_one(
+    spec: dict[str, Any], args: argparse.Namespace, latency: LatencyModel | None = None
+) -> E2EResult:
     unknown = set(spec) - set(RUN_KEYS)
     missing = [k for k in RUN_KEYS[:5] if spec.get(k) is None]
     if unknown or missing:
@@ -116,7 +117,15 @@ def _run_one(spec: dict[str, Any], args: argparse.Namespace) -> E2EResult:
     run = _workload({k: spec[k] for k in RUN_KEYS[2:] if spec.get(k) is not None})
     model = load_model(str(spec["model"]), data_dir=args.data)
     gpu = load_gpu(str(spec["gpu"]))
-    return predict_run(model, gpu, run, _latency_model(args.latency_model))
+    return predict_run(model, gpu, run, latency or _latency_model(args.latency_model))
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; a key given twice is an error, not the last one."""
+    seen = [k for i, (k, _) in enumerate(pairs) if k in (q for q, _ in pairs[:i])]
+    if seen:
+        raise ConfigError(f"key {seen[0]!r} given twice; give each key once")
+    return dict(pairs)
 
 
 def _print_result(res: E2EResult, *, as_json: bool = False) -> None:
@@ -136,18 +145,32 @@ def _predict(args: argparse.Namespace) -> int:
         spec = {k: getattr(args, k) for k in RUN_KEYS}
         _print_result(_run_one(spec, args), as_json=args.json)
         return 0
+    return _predict_runs(args)
+
+
+def _predict_runs(args: argparse.Namespace) -> int:
+    """``--runs FILE.jsonl``: one JSON line out per run line; a bad line is its error line."""
+    flags = [f"--{k}" for k in RUN_KEYS if getattr(args, k) is not None]
+    if flags:  # they were ignored: every run comes from its line
+        raise ConfigError(
+            f"--runs takes each run's keys from its line; leave out {', '.join(flags)} "
+            "(or put them in every line)"
+        )
     try:
         lines = args.runs.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"--runs {args.runs}: cannot read it as UTF-8 JSONL ({e})") from None
+    if not any(line.strip() for line in lines):
+        raise ConfigError(f"--runs {args.runs}: no runs in it; give one JSON object per line")
+    latency = _latency_model(args.latency_model)  # a bad --latency-model: once, exit 2
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            spec = json.loads(line)
+            spec = json.loads(line, object_pairs_hook=_unique_keys)
             if not isinstance(spec, dict):
                 raise ConfigError("a run is a JSON object")
-            _print_result(_run_one(spec, args), as_json=True)
+            _print_result(_run_one(spec, args, latency), as_json=True)
         except (json.JSONDecodeError, ConfigError, GPUError, ValueError) as e:
             print(json.dumps({"line": i, "error": str(e).splitlines()[0]}))
         except Exception as e:  # a bad line never stops the others; name what broke

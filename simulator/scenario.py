@@ -22,6 +22,7 @@ from forecast.gpus import GPUError, GPUSpec, load_gpu
 from forecast.kernels import Dtype
 from simulator.errors import ConfigError
 from simulator.models import ModelSpec, load_model
+from simulator.opgraph import MAX_TOKENS
 from simulator.parallel import RunConfig
 from topologies import Cluster, ClusterSpec, TopologyError, load_network, load_server
 
@@ -269,6 +270,18 @@ def resolve_attention(t: TrainingSection) -> Attention:
     if t.attention == "auto":
         return "unfused" if t.dtype in (Dtype.FP32, Dtype.TF32) else "flash"
     return t.attention
+
+
+def check_tokens(seq_len: int, run: RunConfig) -> None:
+    """A `ConfigError` naming the keys when one micro-batch holds more tokens per GPU than are
+    modelled (`opgraph.MAX_TOKENS`): before any work, instead of a traceback from inside it."""
+    tokens = run.micro_batch_size * (seq_len // run.cp)
+    if tokens > MAX_TOKENS:
+        raise ConfigError(
+            f"micro_batch_size {run.micro_batch_size} x model.seq_len {seq_len} / cp {run.cp} "
+            f"= {tokens:.3g} tokens per micro-batch; at most {MAX_TOKENS:.3g} (2^40) are "
+            "modelled: lower model.seq_len or micro_batch_size"
+        )
 
 
 def resolve(s: Scenario) -> SimInputs:

@@ -19,9 +19,10 @@ from simulator.dist_validate import (
     check_published,
     markdown,
 )
-from simulator.errors import ConfigError
+from simulator.errors import ConfigError, path_arg
 from simulator.models import DEFAULT_DATA_DIR
-from simulator.scenario import TrainingSection, load_scenario, resolve
+from simulator.rows import write_atomic
+from simulator.scenario import TrainingSection, check_tokens, load_scenario, resolve
 from simulator.simulate import latency_table, layout_of, simulate_timeline
 from simulator.trace import write_trace
 
@@ -29,7 +30,7 @@ from simulator.trace import write_trace
 def add_simulate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``simulate``."""
     p = sub.add_parser("simulate", help="predict one distributed training step of a scenario")
-    p.add_argument("scenario", type=Path, help="scenario TOML file")
+    p.add_argument("scenario", type=path_arg, help="scenario TOML file")
     p.add_argument(
         "--set",
         dest="overrides",
@@ -38,7 +39,7 @@ def add_simulate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
         metavar="TABLE.KEY=VALUE",
         help="override one key, e.g. run.tp=8 (repeatable; values in TOML syntax)",
     )
-    p.add_argument("--trace", type=Path, help="write a Chrome/Perfetto trace of the step here")
+    p.add_argument("--trace", type=path_arg, help="write a Chrome/Perfetto trace of the step here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=_simulate)
 
@@ -53,9 +54,9 @@ def add_validate_distributed(vs: argparse._SubParsersAction[argparse.ArgumentPar
         help="kernel forecaster (as a scenario's training.latency_model)",
     )
     d.add_argument("--labels-only", action="store_true", help="skip the published runs")
-    d.add_argument("--readme", type=Path, default=None, help="rewrite the README's table")
-    d.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
-    d.add_argument("--published", type=Path, default=PUBLISHED, help="published runs (JSON)")
+    d.add_argument("--readme", type=path_arg, default=None, help="rewrite the README's table")
+    d.add_argument("--data", type=path_arg, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
+    d.add_argument("--published", type=path_arg, default=PUBLISHED, help="published runs (JSON)")
     d.set_defaults(handler=_validate_distributed)
 
 
@@ -67,13 +68,14 @@ def _simulate(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario, overrides=tuple(args.overrides))
     inputs = resolve(scenario)
     layout_of(inputs, scenario.run)  # a layout the model cannot take: named before any work
+    check_tokens(inputs.seq_len, scenario.run)
     if args.trace is not None:
         _check_trace_path(args.trace)
     result, timeline = simulate_timeline(
         inputs, scenario.run, latency_table(inputs, [scenario.run])
     )
     if args.trace is not None:
-        write_trace(timeline, args.trace)
+        write_atomic(args.trace, lambda tmp: write_trace(timeline, tmp))  # whole or nothing
     if args.json:
         print(json.dumps(result.to_row()))
         return 0

@@ -37,7 +37,7 @@ from simulator.rows import (
     write_text_atomic,
 )
 from simulator.saved_rows import load_rows
-from simulator.scenario import Scenario, load_scenario
+from simulator.scenario import Scenario, check_tokens, load_scenario
 from simulator.space import Point, Space, enumerate_space, find_scenario, point_keys
 from simulator.sweep import Executor, RayOptions, check_address, ray_session, run_sweep
 from simulator.sweep_chunks import chunk_size
@@ -185,6 +185,8 @@ def _check_args(args: argparse.Namespace) -> None:
             "--candidates 0 --per-context 0: no layout would be simulated and ranked; "
             "give --candidates 1 or more"
         )
+    if not args.scenario.strip():
+        raise ConfigError("sweep '': an empty path; give a scenario TOML or a shipped id")
     if args.out is not None and not args.out.strip():
         raise ConfigError("--out '': an empty path; give a folder, e.g. --out results/mine")
     if args.address is not None:
@@ -200,6 +202,8 @@ def _sweep(args: argparse.Namespace) -> int:
         if not space.points:
             raise InfeasibleConfig(f"no valid layout in the sweep ({space.pruned} pruned)")
         _check_ranking(args.rank, space)
+        for point in space.points:
+            check_tokens(scenario.model.seq_len, point.run(scenario.run))
         target = Path(args.out) if args.out is not None else _out_dir(scenario)
         _check_out(target)
         shared = build_shared(space, scenario.run)
