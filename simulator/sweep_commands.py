@@ -74,7 +74,12 @@ def add_sweep_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p.set_defaults(handler=_sweep)
     p = sub.add_parser("plot", help="redraw a sweep's figures from its rows alone")
     p.add_argument("dir", help="sweep output directory (holding rows.jsonl)")
-    p.add_argument("--rank", default="tokens", choices=sorted(RANKINGS), help="ranking")
+    p.add_argument(
+        "--rank",
+        default=None,
+        choices=sorted(RANKINGS),
+        help="ranking (default: the sweep's own, from scenario.resolved.json; else tokens)",
+    )
     p.set_defaults(handler=_plot)
 
 
@@ -121,7 +126,7 @@ def _inputs_digest(scenario: Scenario, space: Space) -> str:
     return h.hexdigest()[:10]
 
 
-def _write_resolved(scenario: Scenario, space: Space, out: Path) -> None:
+def _write_resolved(scenario: Scenario, space: Space, out: Path, rank: str) -> None:
     contexts = [
         {
             "id": c.id,
@@ -140,6 +145,7 @@ def _write_resolved(scenario: Scenario, space: Space, out: Path) -> None:
         "contexts": contexts,
         "layouts": len(space.points),
         "pruned": space.pruned,
+        "rank": rank,  # `tilesim plot DIR` redraws with the sweep's own ranking
     }
     text = json.dumps(resolved, indent=1, allow_nan=False) + "\n"
     write_text_atomic(out / "scenario.resolved.json", text)
@@ -243,7 +249,7 @@ def _run(
                 "tilesim code (or an unreadable progress.meta.json); starting afresh"
             )
             print(stale, file=sys.stderr)
-        _write_resolved(scenario, space, out)
+        _write_resolved(scenario, space, out, args.rank)
         screened = _tier(args, log, "screen", space.points, shared)
         top, per_context = args.candidates, args.per_context
         chosen = candidate_points(space.points, screened, shared, top=top, per_context=per_context)
@@ -321,6 +327,16 @@ def _finish(
     return 0
 
 
+def _sweep_rank(out: Path) -> str:
+    """The ``--rank`` the sweep in ``out`` ran with (its scenario.resolved.json), else tokens:
+    a ``--rank cost`` sweep's figures were redrawn ranked by tokens/s."""
+    try:
+        rank = json.loads((out / "scenario.resolved.json").read_text(encoding="utf-8"))["rank"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return "tokens"
+    return rank if rank in RANKINGS else "tokens"
+
+
 def _plot(args: argparse.Namespace) -> int:
     if not args.dir.strip():
         raise ConfigError("plot '': an empty path; give a sweep folder (holding rows.jsonl)")
@@ -330,7 +346,7 @@ def _plot(args: argparse.Namespace) -> int:
     _check_files(out, [f"{f}.png" for f in FIGURES], f"plot {args.dir}")
     from simulator.plots import plot_all
 
-    figures = plot_all(rows, out, by=args.rank)
+    figures = plot_all(rows, out, by=args.rank or _sweep_rank(out))
     if not figures:  # it printed nothing and exited 0
         raise InfeasibleConfig(f"plot {args.dir}: no simulated layout fits; no figure to draw")
     for path in figures:

@@ -237,6 +237,22 @@ def test_procurement_report_costs_each_option(tmp_path: Path) -> None:
         assert not (out / "t").exists()
 
 
+def test_plot_redraws_with_the_sweeps_own_ranking(tmp_path: Path) -> None:
+    """`tilesim plot DIR` after a ``--rank cost`` sweep drew its figures ranked by tokens/s."""
+    path = tmp_path / "study.toml"
+    path.write_text(PROCUREMENT)
+    out = tmp_path / "out"
+    argv = ["sweep", str(path), "--serial", "--no-progress", "--out", str(out), "--rank", "cost"]
+    assert main(argv) == 0
+    drawn = {png.name: png.read_bytes() for png in out.glob("*.png")}
+    for png in out.glob("*.png"):
+        png.unlink()
+    assert main(["plot", str(out)]) == 0
+    assert {png.name: png.read_bytes() for png in out.glob("*.png")} == drawn
+    assert main(["plot", str(out), "--rank", "tokens"]) == 0  # asked for: another ranking
+    assert (out / "top_layouts.png").read_bytes() != drawn["top_layouts.png"]
+
+
 @pytest.mark.parametrize("flag", ["--workers", "--top"])
 def test_a_count_below_one_is_refused_before_anything_is_written(
     tmp_path: Path, flag: str, capsys: pytest.CaptureFixture[str]
