@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from forecast.collect_plan import DTYPES, OPS, plan
+from forecast.files import write_text_atomic
 
 COLUMNS: tuple[str, ...] = (
     "OPName",
@@ -268,7 +269,7 @@ def collect(cfg: CollectConfig) -> CollectReport:
     report = CollectReport()
     done = _existing_keys(cfg.out)
     meta = device_metadata(cfg.device)
-    cfg.out.with_suffix(".meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    write_text_atomic(cfg.out.with_suffix(".meta.json"), json.dumps(meta, indent=2) + "\n")
     new_file = not cfg.out.is_file()
     with cfg.out.open("a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)

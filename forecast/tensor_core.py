@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from forecast.files import write_text_atomic
 from forecast.flash_attention import (
     Overlap,
     SMRates,
@@ -90,7 +91,7 @@ def save_params(params: TCParams, path: Path, comment: str) -> None:
     lines = [f"# {line}" for line in comment.splitlines()] + ["", "[params]"]
     for key, value in asdict(params).items():
         lines.append(f'{key} = "{value}"' if isinstance(value, str) else f"{key} = {value!r}")
-    path.write_text("\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n")
 
 
 def _is_hopper_or_later(gpu: GPUSpec) -> bool:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ import torch
 
 from forecast.bandwidth import BandwidthModel
 from forecast.features import build_features, feature_names
+from forecast.files import write_together
 from forecast.gpus import GPUSpec
 from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, OpFamily
 from forecast.mlp import TileEnsemble
@@ -82,23 +85,28 @@ class TileMLPModel:
         return fb.base_s * np.exp(log_ratio)
 
     def save(self, out_dir: Path) -> None:
-        """Write weights, tile tables and model.json to ``out_dir``."""
+        """Write weights, tile tables and model.json to ``out_dir``, all of them or none (an
+        interrupt left a mix of old and new weights in the committed folder)."""
         out_dir.mkdir(parents=True, exist_ok=True)
+        writes: list[tuple[Path, Callable[[Path], object]]] = []
         for family, net in self.mlps.items():
-            torch.save(net.state_dict(), out_dir / f"{family.value}.pt")
+            state = net.state_dict()
+            writes.append((out_dir / f"{family.value}.pt", partial(_save_torch, state)))
         for fam_name, tables in self.picker.tables.items():
             arrays: dict[str, Any] = {}
             for t in tables:
                 key = f"{t.gpu_id}|{t.compute_capability}|{t.num_sms}"
                 arrays[f"{key}|dims"] = t.log_dims
                 arrays[f"{key}|choice"] = t.choice
-            np.savez_compressed(out_dir / f"tiles_{fam_name}.npz", **arrays)
+            writes.append((out_dir / f"tiles_{fam_name}.npz", partial(_save_npz, arrays)))
         meta = {
             **self.meta,
             "families": {f.value: list(feature_names(f)) for f in self.mlps},
             "memory": {"efficiency": self.memory.efficiency, "launch_s": self.memory.launch_s},
         }
-        (out_dir / "model.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        text = json.dumps(meta, indent=2, sort_keys=True) + "\n"
+        writes.append((out_dir / "model.json", lambda tmp: tmp.write_text(text)))  # last
+        write_together(writes)
 
     @classmethod
     def load(cls, weights_dir: Path | None = None) -> TileMLPModel:
@@ -158,3 +166,12 @@ def _table(key: str, dims: npt.NDArray[np.float32], choice: npt.NDArray[np.int64
     return TileTable(
         gpu_id=gpu_id, compute_capability=float(cc), num_sms=int(sms), log_dims=dims, choice=choice
     )
+
+
+def _save_torch(state: dict[str, Any], path: Path) -> None:
+    torch.save(state, path)
+
+
+def _save_npz(arrays: dict[str, Any], path: Path) -> None:
+    with path.open("wb") as f:  # a file object: savez on a path appends ".npz" to the name
+        np.savez_compressed(f, **arrays)

@@ -102,7 +102,9 @@ def _collect(args: argparse.Namespace) -> int:
     if args.out.is_dir() or not args.out.parent.is_dir():
         why = "is a folder" if args.out.is_dir() else f"needs the folder {args.out.parent}"
         raise ConfigError(f"--out {args.out} {why}; give a CSV path in an existing folder")
-
+    meta = args.out.with_suffix(".meta.json")
+    if meta.is_dir():
+        raise ConfigError(f"--out {args.out}: {meta} (its metadata file) is a folder; move it")
     _check_resumable(args.out, profile.COLUMNS)
     cfg = profile.CollectConfig(
         device=args.device,

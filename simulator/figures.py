@@ -7,8 +7,8 @@ from pathlib import Path
 
 import matplotlib
 
+from forecast.files import write_atomic
 from simulator.errors import ConfigError
-from simulator.rows import write_atomic
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt

@@ -13,6 +13,7 @@ from typing import Any
 
 from forecast.dataset import DataError, default_data_dir, load_measurements
 from forecast.evaluate import neusight_test_rows, score, unseen_errors, validate
+from forecast.files import write_text_atomic
 from forecast.gpus import load_gpu
 from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, resolve_op
 from forecast.predict import LATENCY_MODELS, WEIGHTS_DIR, ModelError, load_latency_model
@@ -20,7 +21,6 @@ from forecast.report import ReportError, update_readme, validation_markdown
 from forecast.tensor_core import TensorCoreError
 from simulator.collect_commands import add_collect_commands, check_dims, gemm_kernel
 from simulator.errors import ConfigError, path_arg
-from simulator.rows import write_text_atomic
 
 KERNEL_ERRORS: tuple[type[Exception], ...] = (DataError, ModelError, TensorCoreError, ReportError)
 VALIDATION_FILE = WEIGHTS_DIR / "validation.json"

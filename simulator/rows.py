@@ -19,10 +19,11 @@ import hashlib
 import importlib.util
 import json
 import math
-import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from forecast.files import write_atomic, write_text_atomic
 
 Row = dict[str, Any]
 
@@ -126,24 +127,6 @@ def finite_problem(row: Row) -> str | None:
         if isinstance(v, float) and not math.isfinite(v):
             return f"{k} = {v}"
     return None
-
-
-def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
-    """Write a whole file or nothing: ``write`` fills a temporary file beside ``path``, which
-    is then renamed over it, so an interrupt never leaves a half-written one (nor, when
-    ``write`` fails or is interrupted, the temporary file)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """`write_atomic` of a text."""
-    write_atomic(path, lambda tmp: tmp.write_text(text))
 
 
 TIERS = ("screen", "simulate")

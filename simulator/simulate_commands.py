@@ -10,6 +10,7 @@ import json
 import typing
 from pathlib import Path
 
+from forecast.files import write_atomic
 from forecast.report import check_readme, update_readme
 from simulator.dist_validate import (
     LABEL_GPU,
@@ -21,7 +22,6 @@ from simulator.dist_validate import (
 )
 from simulator.errors import ConfigError, path_arg
 from simulator.models import DEFAULT_DATA_DIR
-from simulator.rows import write_atomic
 from simulator.scenario import TrainingSection, check_tokens, load_scenario, resolve
 from simulator.simulate import latency_table, layout_of, simulate_timeline
 from simulator.trace import write_trace

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from forecast.files import write_text_atomic
 from simulator.errors import ConfigError, InfeasibleConfig, at_least
 from simulator.report import RANKINGS, markdown_report, top_table
 from simulator.rows import (
@@ -34,7 +35,6 @@ from simulator.rows import (
     code_fingerprint,
     final_rows,
     write_rows,
-    write_text_atomic,
 )
 from simulator.saved_rows import load_rows
 from simulator.scenario import Scenario, check_tokens, load_scenario

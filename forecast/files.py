@@ -1,0 +1,41 @@
+"""Writes that leave a whole file or none: an interrupt (Ctrl-C, a full disk) never leaves a
+half-written result where a later run would read it. The lowest layer of the project, so
+`simulator` uses these too."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+
+def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
+    """Write a whole file or nothing: ``write`` fills a temporary file beside ``path``, which
+    is then renamed over it, so an interrupt never leaves a half-written one (nor, when
+    ``write`` fails or is interrupted, the temporary file)."""
+    write_together([(path, write)])
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """`write_atomic` of a text."""
+    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def write_together(writes: Sequence[tuple[Path, Callable[[Path], object]]]) -> None:
+    """Several files of one folder that belong together (weights, tables, manifest): each is
+    written to its temporary file first, and only when all are written are they renamed over
+    the old ones, in the order given (put the file that marks the set complete last). An
+    interrupt while writing leaves the old set untouched and no temporary file."""
+    # a fresh folder beside the first file (same file system, so the renames are atomic);
+    # each file keeps its own name there (torch.save records it inside the archive)
+    stage = Path(tempfile.mkdtemp(prefix=".partial-", dir=writes[0][0].parent))
+    staged = [(path, stage / path.name) for path, _ in writes]
+    try:
+        for (_, write), (_, tmp) in zip(writes, staged, strict=True):
+            write(tmp)
+        for path, tmp in staged:
+            os.replace(tmp, path)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
