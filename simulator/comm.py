@@ -7,7 +7,11 @@ Bytes per collective (nccl-tests size S; ``A = micro_batch * seq/cp * hidden * i
   reduce-scatter of ``A`` (same bytes on the wire, norms on ``1/tp`` of the tokens), and in
   backward each column-parallel linear all-gathers its input again (Megatron keeps only the
   sequence-split input): 2 more all-gathers. The vocabulary-parallel embedding adds one
-  forward all-reduce of ``A``. Forward collectives block; in backward the column-parallel
+  forward all-reduce of ``A`` (with SP: a forward reduce-scatter, a backward all-gather); the
+  output layer, whose input is copied to every TP rank, one backward all-reduce of ``A``
+  (with SP: a forward all-gather of its input, a backward reduce-scatter; Megatron-LM's
+  ``copy_to_tensor_model_parallel_region`` / ``gather_from_sequence_parallel_region``).
+  Forward collectives block; in backward the column-parallel
   linears' collectives overlap their own GEMMs when ``tp_comm_overlap`` is set (`stepcosts`;
   ``tp_ar_s``/``tp_ag_s``/``tp_rs_s`` are one collective each).
 * CP (ring attention), per layer: all-gather of K and V forward, reduce-scatter of their
@@ -62,7 +66,10 @@ class LayerComm:
 
     tp_fw_s: float
     tp_bw_s: float
-    tp_embed_s: float
+    tp_embed_fw_s: float
+    tp_embed_bw_s: float
+    tp_head_fw_s: float
+    tp_head_bw_s: float
     cp_fw_s: float
     cp_bw_s: float
     ep_fw_s: float
@@ -99,7 +106,10 @@ def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
     return LayerComm(
         tp_fw_s=2 * tp_one,
         tp_bw_s=2 * tp_one + (2 * ag if sp else 0.0),
-        tp_embed_s=tp_one,
+        tp_embed_fw_s=rs if sp else ar,
+        tp_embed_bw_s=ag if sp else 0.0,
+        tp_head_fw_s=ag if sp else 0.0,
+        tp_head_bw_s=rs if sp else ar,
         cp_fw_s=collective_s("all-gather", kv_bytes, layout.cp_group, cl),
         cp_bw_s=collective_s("reduce-scatter", kv_bytes, layout.cp_group, cl),
         ep_fw_s=ep,

@@ -146,9 +146,9 @@ def _stage_mb_s(cache: ScreenCache, layout: Layout) -> list[float]:
     for s in range(pp):
         t = sum(layout.layers_per_stage[s]) * layer
         if s == 0:
-            t += bt.embed_fw_s + bt.embed_bw_s + lc.tp_embed_s
+            t += bt.embed_fw_s + bt.embed_bw_s + lc.tp_embed_fw_s + lc.tp_embed_bw_s
         if (pp * v - 1) % pp == s:
-            t += bt.head_fw_s + bt.head_bw_s
+            t += bt.head_fw_s + bt.head_bw_s + lc.tp_head_fw_s + lc.tp_head_bw_s
         out.append(t)
     return out
 

@@ -67,13 +67,19 @@ def _chunk_cost(
     return ChunkCost(
         fw_compute_s=fw,
         bw_compute_s=bw,
-        fw_tp_s=layers * lc.tp_fw_s + (lc.tp_embed_s if first else 0.0),
-        bw_tp_s=layers * (tp_bw_exposed_s(bt, lc, run) + (lc.tp_fw_s if full else 0.0)),
+        fw_tp_s=layers * lc.tp_fw_s + _ends(first, last, lc.tp_embed_fw_s, lc.tp_head_fw_s),
+        bw_tp_s=layers * (tp_bw_exposed_s(bt, lc, run) + (lc.tp_fw_s if full else 0.0))
+        + _ends(first, last, lc.tp_embed_bw_s, lc.tp_head_bw_s),
         fw_ep_s=layers * lc.ep_fw_s,
         bw_ep_s=layers * (lc.ep_bw_s + (lc.ep_fw_s if full else 0.0)),
         fw_cp_s=layers * max(0.0, lc.cp_fw_s - bt.attention_fw_s),
         bw_cp_s=layers * max(0.0, lc.cp_bw_s - cp_bw_hidden),
     )
+
+
+def _ends(first: bool, last: bool, embed_s: float, head_s: float) -> float:
+    """The embedding's part on the first chunk, the output layer's on the last."""
+    return (embed_s if first else 0.0) + (head_s if last else 0.0)
 
 
 def _with_dp(
