@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from simulator.comm import collective_s, grad_buckets, grad_sync_s
+from simulator.comm import activation_bytes, collective_s, grad_buckets, grad_sync_s
 from simulator.errors import ConfigError
 from simulator.models import load_model
 from simulator.parallel import RunConfig
@@ -170,3 +170,26 @@ def test_an_encoder_decoder_model_is_one_config_error() -> None:
     )
     with pytest.raises(ConfigError, match="model: switch-base-4"):
         latency_table(inputs, [RunConfig(tp=1, pp=1, dp=8)])
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_the_output_layer_and_embedding_pay_their_tp_collectives(sp: bool) -> None:
+    """pp 2, equal layers per stage: the stages' TP time differs only by the embedding's
+    collectives (first) and the output layer's (last): without SP a forward all-reduce after
+    the embedding, a backward all-reduce of the output layer's input gradient; with SP a
+    forward reduce-scatter / backward all-gather, and a forward all-gather / backward
+    reduce-scatter. The output layer's were not counted."""
+    inputs = _tiny("training.latency_model='roofline-derated'")
+    run = RunConfig(tp=2, pp=2, dp=2, micro_batch_size=1, sequence_parallel=sp)
+    lay = layout_of(inputs, run)
+    assert lay.layers_per_stage[0] == lay.layers_per_stage[1]
+    (first,), (last,) = step_costs(inputs, lay, latency_table(inputs, [run])).chunks
+    a = activation_bytes(inputs, lay)
+    ar, ag, rs = (collective_s(op, a, lay.tp_group, inputs.cluster) for op in OPS3)
+    embed_fw, embed_bw, head_fw, head_bw = (rs, ag, ag, rs) if sp else (ar, 0.0, 0.0, ar)
+    assert head_bw > 0
+    assert first.fw_tp_s - last.fw_tp_s == pytest.approx(embed_fw - head_fw, abs=1e-15)
+    assert last.bw_tp_s - first.bw_tp_s == pytest.approx(head_bw - embed_bw, abs=1e-15)
+
+
+OPS3 = ("all-reduce", "all-gather", "reduce-scatter")
