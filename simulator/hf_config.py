@@ -103,6 +103,12 @@ class _Config:
         return value
 
 
+def _activation(raw: Raw, default: str) -> Any:
+    """``activation_function``, or the config class's default when absent (GPT2Config's is
+    gelu_new, OPTConfig's relu)."""
+    return raw.get("activation_function", default)
+
+
 def _gpt2(raw: Raw) -> Raw:
     c = _Config(raw, "gpt2")
     h = c.int("hidden_size")
@@ -114,7 +120,7 @@ def _gpt2(raw: Raw) -> Raw:
         "num_heads": c.int("num_heads"),
         "vocab_size": c.int("vocab_size"),
         "max_positions": c.int("max_positions", 1024),
-        "activation": "gelu_new" if raw.get("activation_function") == "gelu_new" else "gelu",
+        "activation": "gelu_new" if _activation(raw, "gelu_new") == "gelu_new" else "gelu",
     }
 
 
@@ -128,7 +134,7 @@ def _opt(raw: Raw) -> Raw:
         "num_heads": c.int("num_heads"),
         "vocab_size": c.int("vocab_size"),
         "max_positions": c.int("max_positions", 2048) + 2,
-        "activation": "relu" if raw.get("activation_function") == "relu" else "gelu",
+        "activation": "relu" if _activation(raw, "relu") == "relu" else "gelu",
     }
 
 
@@ -170,7 +176,8 @@ def _switch(raw: Raw) -> Raw:
 
 def _llama(raw: Raw) -> Raw:
     c = _Config(raw, "llama")
-    experts = c.int("num_experts", 1)
+    mixtral = raw.get("model_type") == "mixtral"  # MixtralConfig's defaults: 8 experts, top-2
+    experts = c.int("num_experts", 8 if mixtral else 1)
     return {
         "architecture": "mixtral" if experts > 1 else "llama",
         "num_layers": c.int("num_layers"),
@@ -178,6 +185,7 @@ def _llama(raw: Raw) -> Raw:
         "ffn_hidden_size": c.int("ffn_hidden_size"),
         "num_heads": c.int("num_heads"),
         "num_kv_heads": c.int("num_kv_heads", 0, null_ok=True),
+        "head_dim": c.int("head_dim", 0, null_ok=True),
         "vocab_size": c.int("vocab_size"),
         "max_positions": c.int("max_positions", 4096),
         "activation": "swiglu",
@@ -186,7 +194,7 @@ def _llama(raw: Raw) -> Raw:
         "bias": False,
         "tied_embeddings": c.flag("tied_embeddings", False),
         "num_experts": experts,
-        "experts_per_token": c.int("experts_per_token", 1),
+        "experts_per_token": c.int("experts_per_token", 2 if mixtral else 1),
     }
 
 

@@ -114,7 +114,7 @@ def gpt2(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     ]
     head = [
         r.layernorm("ln_f", z.T, z.H, z.dt),
-        r.linear("lm_head", z.T, (z.H, z.V), z.dt, bias=False),
+        r.tie(r.linear("lm_head", z.T, (z.H, z.V), z.dt, bias=False), m.tied_embeddings),
     ]
     return (
         Block("embed", tuple(embed), host_ops=20),
@@ -162,7 +162,7 @@ def bert(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
             r.linear("transform", z.T, (z.H, z.H), z.dt),
             r.elementwise("transform_gelu", "gelu", (z.T, z.H), z.dt),
             r.layernorm("transform_ln", z.T, z.H, z.dt),
-            r.linear("decoder", z.T, (z.H, z.V), z.dt),
+            r.tie(r.linear("decoder", z.T, (z.H, z.V), z.dt), m.tied_embeddings),
             r.linear("seq_relationship", z.B, (z.H, 2), z.dt),
         ]
     return (
@@ -206,7 +206,7 @@ def opt(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     ]
     head = [
         r.layernorm("final_ln", z.T, z.H, z.dt),
-        r.linear("lm_head", z.T, (z.H, z.V), z.dt, bias=False),
+        r.tie(r.linear("lm_head", z.T, (z.H, z.V), z.dt, bias=False), m.tied_embeddings),
     ]
     return (
         Block("embed", tuple(embed), host_ops=40),

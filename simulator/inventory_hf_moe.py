@@ -95,7 +95,7 @@ def llama(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     embed = [r.embedding("tokens", z.T, (z.V, z.H), z.dt)]
     head = [
         *rmsnorm("norm", z.T, z.H, z.dt),
-        r.linear("lm_head", z.T, (z.H, z.V), z.dt, bias=False),
+        r.tie(r.linear("lm_head", z.T, (z.H, z.V), z.dt, bias=False), m.tied_embeddings),
     ]
     return (
         Block("embed", tuple(embed), host_ops=10),
@@ -156,7 +156,7 @@ def switch(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
             "head",
             (
                 *rmsnorm("final_norm", 2 * z.T, z.H, z.dt),
-                r.linear("lm_head", z.T, (z.H, z.V), z.dt, bias=False),
+                r.tie(r.linear("lm_head", z.T, (z.H, z.V), z.dt, bias=False), m.tied_embeddings),
             ),
             host_ops=4,
         ),

@@ -94,7 +94,7 @@ def decoder(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     embed = [r.embedding("tokens", z.T, (z.V, z.H), z.dt)]
     head = [
         r.layernorm("final_norm", z.T, z.H, z.dt),
-        r.linear("output", z.T, (z.H, z.V), z.dt, bias=False),
+        r.tie(r.linear("output", z.T, (z.H, z.V), z.dt, bias=False), m.tied_embeddings),
     ]
     return (
         Block("embed", tuple(embed)),

@@ -2,7 +2,8 @@
 
 Closed forms, per Korthikanti et al. 2022 (arXiv 2205.05198, eq. 2) scaled from 2-byte to the
 workload's element size: one layer stores ``s*b*h*(34 + 5*a*s/h)`` bytes of activations in
-16-bit (the ``5as/h`` attention-score term vanishes with flash attention, i.e. ``megatron``;
+16-bit (the ``5as/h`` attention-score term vanishes with flash attention, i.e. ``megatron``
+with ``attention = "flash"``;
 the MLP's 16 of the 34 scale with ffn / 4h, and are 24 for SwiGLU: `parallel_units`);
 inference keeps two layers' worth alive. Adam keeps two fp32 moments per parameter, plus an
 fp32 master copy when training in a 16-bit type.
@@ -53,7 +54,8 @@ def parallel_units(model: ModelSpec) -> float:
 def layer_activation_bytes(model: ModelSpec, run: Workload) -> float:
     """Activation bytes one layer keeps for its backward pass."""
     s, b, h, a = run.seq, run.batch, model.hidden_size, model.num_heads
-    scores = 0.0 if run.framework == "megatron" else 5.0 * a * s / h
+    flash = run.framework == "megatron" and run.attention == "flash"
+    scores = 0.0 if flash else 5.0 * a * s / h
     per_token = 10.0 + parallel_units(model) + scores
     return s * b * h * per_token * ITEMSIZE_BYTES[run.dtype] / 2.0
 

@@ -6,8 +6,9 @@ so backward kernels, parameter gradients and the optimizer come from the same ru
 analytic inventories (`opgraph.ops_from_blocks` expands them). The mapping, stated once:
 
 * ``addmm`` -> linear with bias; ``mm`` -> linear without bias when an operand is a parameter,
-  else a ``bmm`` with batch 1; ``bmm``/``baddbmm`` -> bmm; ``_softmax``/``_log_softmax`` ->
-  softmax; ``native_layer_norm`` -> layernorm; ``embedding`` -> embedding;
+  else a ``bmm`` with batch 1; ``bmm``/``baddbmm`` -> bmm; ``_softmax``/``_log_softmax``/
+  ``_safe_softmax`` (``scaled_dot_product_attention`` on meta) -> softmax;
+  ``native_layer_norm`` -> layernorm; ``embedding`` -> embedding;
   ``native_dropout`` -> dropout (meta takes CPU's unfused dropout path, so ``F.dropout`` is
   routed to ``native_dropout``, the kernel CUDA runs);
 * element-wise ops -> `ELEMENTWISE` (NeuSight names); a Python-scalar operand, or a
@@ -188,6 +189,8 @@ def _memory_op(name: str, call: Call, dt: Dtype) -> FrameworkOp:
 
 
 CLAMP_OPS = frozenset({"maximum", "minimum"})
+# ``_safe_softmax``: the softmax of scaled_dot_product_attention's math path (torch >= 2.5)
+SOFTMAX_OPS = frozenset({"_softmax", "_log_softmax", "_safe_softmax"})
 
 
 def _clamp(name: str, call: Call, dt: Dtype) -> FrameworkOp | None:
@@ -202,7 +205,7 @@ def _clamp(name: str, call: Call, dt: Dtype) -> FrameworkOp | None:
 RULES: dict[str, Callable[[str, Call, Dtype, bool], FrameworkOp | None]] = {
     **{op: lambda n, c, d, p: _clamp(n, c, d) for op in CLAMP_OPS},
     **dict.fromkeys(("addmm", "mm", "bmm", "baddbmm"), _gemm),
-    **{op: lambda n, c, d, p: _row_op(n, c, d) for op in ("_softmax", "_log_softmax")},
+    **{op: lambda n, c, d, p: _row_op(n, c, d) for op in SOFTMAX_OPS},
     "native_layer_norm": lambda n, c, d, p: _row_op(n, c, d),
     **{op: lambda n, c, d, p: _elementwise(n, c, d) for op in ELEMENTWISE},
     **{
@@ -263,8 +266,10 @@ def trace_module(module: torch.nn.Module, args: tuple[Any, ...], *, train: bool)
     rec = _Recorder(params)
     with torch.set_grad_enabled(train), _NativeDropout(), rec:
         module(*args)
-    floats = [p.dtype for p in params.values() if p.dtype in DTYPES]
-    dtype = DTYPES[max(set(floats), key=floats.count)] if floats else Dtype.FP32
+    counts = Counter(p.dtype for p in params.values() if p.dtype in DTYPES)
+    # the dtype of most parameter tensors; a tie goes to the first in DTYPES (not to a set's
+    # order, which changes from process to process with torch.dtype's hash)
+    dtype = DTYPES[max(DTYPES, key=lambda d: counts[d])] if counts else Dtype.FP32
     blocks, unmapped, out_bytes = _blocks(rec, dtype)
     return ModuleTrace(
         blocks=blocks,

@@ -137,13 +137,27 @@ def inventory(model: ModelSpec, run: Workload) -> tuple[Block, ...]:
 
 
 def _param_shapes(blocks: tuple[Block, ...]) -> list[tuple[tuple[int, int], int]]:
-    return [(shape, b.repeat) for b in blocks for fop in b.ops for shape in fop.params]
+    """Shapes of the parameter tensors the blocks own, with their block's repeat (tied
+    ones, `FrameworkOp.tied`, belong to another op)."""
+    out = []
+    for b in blocks:
+        for fop in b.ops:
+            tied = list(fop.tied)
+            for shape in fop.params:
+                if shape in tied:
+                    tied.remove(shape)
+                else:
+                    out.append((shape, b.repeat))
+    return out
 
 
 def optimizer_kernels(run: Workload, blocks: tuple[Block, ...]) -> list[Op]:
     """Adam/AdamW: hf-eager = torch foreach AdamW (8 passes of multi-tensor element-wise
     kernels over all parameters); megatron = fused Adam (one pass reading p, g, m, v and
-    writing p, m, v: modelled as two ``add`` and one ``copy`` over all parameters)."""
+    writing p, m, v: modelled as two ``add`` and one ``copy`` over all parameters). The
+    state it steps is fp32 whatever the workload's dtype (fp32 moments, and fp32 master
+    weights in 16-bit training, as `memory.step_memory` counts them), so are its kernels.
+    Tied weights (`FrameworkOp.tied`) are stepped once, with the op that owns them."""
     n = sum(r * rows * cols for (rows, cols), r in _param_shapes(blocks))
     dims = (max(1, -(-n // 65536)), 65536)
     ew, mem = OpFamily.ELEMENTWISE, OpFamily.MEMORY
@@ -153,7 +167,7 @@ def optimizer_kernels(run: Workload, blocks: tuple[Block, ...]) -> list[Op]:
         kinds = [(ew, "mulu"), (ew, "add"), (ew, "mul"), (ew, "add"), (ew, "powu")]
         kinds += [(ew, "addu"), (ew, "div"), (ew, "add")]
     return [
-        Op(f"adam.{op}", KernelSpec(fam, dims, run.dtype, op), 1, Phase.OPTIMIZER)
+        Op(f"adam.{op}", KernelSpec(fam, dims, Dtype.FP32, op), 1, Phase.OPTIMIZER)
         for fam, op in kinds
     ]
 

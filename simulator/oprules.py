@@ -26,7 +26,7 @@ tensors it owns (for gradient accumulation and the optimizer). Backward rules:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 
@@ -42,6 +42,14 @@ class FrameworkOp:
     bw: tuple[KernelSpec, ...] = ()
     params: tuple[Shape, ...] = ()
     train_only: bool = False
+    # of ``params``, those that are another op's tensor (an output head tied to the token
+    # embedding): their gradient still adds in, the optimizer steps them once, with the owner
+    tied: tuple[Shape, ...] = ()
+
+
+def tie(fop: FrameworkOp, when: bool = True) -> FrameworkOp:
+    """``fop`` with its weight (its first parameter) tied to another op's, when ``when``."""
+    return replace(fop, tied=fop.params[:1]) if when else fop
 
 
 def _k(family: OpFamily, dims: tuple[int, ...], dtype: Dtype, op: str = "") -> KernelSpec:
