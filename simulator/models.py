@@ -77,6 +77,12 @@ class ModelSpec(BaseModel):
                 f"{kv} key/value heads do not divide the {heads} attention heads; "
                 f"use a divisor of {heads}",
             )
+        if self.num_experts > 1 and self.moe_every > 1 and self.architecture != "switch":
+            raise ShapeError(
+                "moe_every",
+                f"{self.moe_every}: only Switch models alternate dense and expert layers here; "
+                f"{self.architecture} models put experts in every layer: use moe_every = 1",
+            )
         if self.experts_per_token > self.num_experts:
             raise ShapeError(
                 "experts_per_token",

@@ -133,7 +133,17 @@ def inventory(model: ModelSpec, run: Workload) -> tuple[Block, ...]:
     if key not in table:
         have = ", ".join(sorted(f"{f}/{a}" for f, a in table))
         raise ConfigError(f"no {run.framework} inventory for {model.architecture}; have: {have}")
+    if model.num_experts > 1 and key in _DENSE_ONLY:
+        raise ConfigError(
+            f"model: {model.id} has num_experts = {model.num_experts}, but the hf-eager "
+            f"{model.architecture} inventory has no expert layers (its forecast would leave "
+            "them out); use framework megatron, architecture mixtral, or num_experts = 1"
+        )
     return table[key](model, run)
+
+
+# hf-eager inventories of dense models: experts would be counted in memory but not run
+_DENSE_ONLY = {("hf-eager", a) for a in ("gpt2", "bert", "opt")}
 
 
 def _param_shapes(blocks: tuple[Block, ...]) -> list[tuple[tuple[int, int], int]]:

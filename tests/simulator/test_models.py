@@ -168,3 +168,21 @@ def test_predict_cli_bad_hf_config_is_one_line_exit_2(
     captured = capsys.readouterr()
     assert captured.out == "" and "num_local_experts" in captured.err
     assert len(captured.err.strip().splitlines()) == 1
+
+
+def test_experts_the_forecast_would_leave_out_are_refused(tmp_path: Path) -> None:
+    """A gpt2 with 4 experts under hf-eager ran the dense layer's kernels while its memory
+    counted the experts; moe_every = 2 outside Switch ran experts in every layer while its
+    parameters counted every other one."""
+    tiny = (CATALOG_DIR / "tiny-gpt.toml").read_text()
+    moe = tmp_path / "moe.toml"
+    moe.write_text(tiny + "num_experts = 4\nexperts_per_token = 2\n")
+    run = Workload(batch=2, seq=128, mode="train")
+    with pytest.raises(ConfigError, match="no expert layers"):
+        build_ops(load_model(str(moe)), run)
+    megatron = build_ops(load_model(str(moe)), run.model_copy(update={"framework": "megatron"}))
+    assert any("router" in op.name for op in megatron.ops)
+    every_other = tmp_path / "every_other.toml"
+    every_other.write_text(tiny + "num_experts = 4\nmoe_every = 2\n")
+    with pytest.raises(ConfigError, match="moe_every"):
+        load_model(str(every_other))
