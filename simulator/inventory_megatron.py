@@ -92,6 +92,11 @@ def decoder(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
         r.elementwise("bias_dropout_add_2", "add", (z.T, z.H), z.dt),
     ]
     embed = [r.embedding("tokens", z.T, (z.V, z.H), z.dt)]
+    if m.position == "learned":  # GPT/BERT/OPT: word + position embeddings (rotary: none)
+        embed += [
+            r.embedding("positions", z.S, (m.max_positions, z.H), z.dt),
+            r.elementwise("add_positions", "add", (z.T, z.H), z.dt),
+        ]
     head = [
         r.layernorm("final_norm", z.T, z.H, z.dt),
         r.tie(r.linear("output", z.T, (z.H, z.V), z.dt, bias=False), m.tied_embeddings),

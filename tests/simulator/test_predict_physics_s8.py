@@ -70,12 +70,9 @@ def test_a_tied_head_still_adds_its_gradient_in() -> None:
 
 def test_megatron_tied_output_is_stepped_once() -> None:
     """Megatron's GPT shares the output layer with the token embedding: the optimizer steps
-    the (V, H) table once (the hf-eager count minus the learned positions Megatron's
-    inventory leaves out, within one 65,536-element chunk)."""
-    m = load_model("tiny-gpt")
-    untied = m.num_params() - m.max_positions * m.hidden_size + m.vocab_size * m.hidden_size
-    got = _adam_elements("tiny-gpt", "megatron")
-    assert got < untied - 65536
+    the (V, H) table once, and the learned position table too: `ModelSpec.num_params`."""
+    n = load_model("tiny-gpt").num_params()
+    assert _adam_elements("tiny-gpt", "megatron") == -(-n // 65536) * 65536
 
 
 def test_unfused_megatron_attention_keeps_the_score_matrix() -> None:
