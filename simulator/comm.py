@@ -35,22 +35,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from forecast.kernels import ITEMSIZE_BYTES, Dtype
+from forecast.kernels import ITEMSIZE_BYTES
+from simulator.memory import grad_itemsize_bytes, param_itemsize_bytes
 from simulator.parallel import Layout
 from simulator.scenario import SimInputs
 from simulator.stagecost import end_tensors
 from topologies import Cluster, collective_estimate, collective_time_s
 from topologies.algorithms import Op
-
-
-def grad_itemsize_bytes(dtype: Dtype) -> int:
-    """Bytes per gradient element as reduced over DP."""
-    return 2 if dtype in (Dtype.FP16, Dtype.FP8) else 4
-
-
-def param_itemsize_bytes(dtype: Dtype) -> int:
-    """Bytes per model-weight element (fp8 training keeps 16-bit weights)."""
-    return max(2, ITEMSIZE_BYTES[dtype])
 
 
 def collective_s(op: Op, nbytes: float, ranks: Sequence[int], cluster: Cluster) -> float:

@@ -25,8 +25,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from forecast.kernels import ITEMSIZE_BYTES
-from simulator.comm import grad_itemsize_bytes, param_itemsize_bytes
-from simulator.memory import parallel_units
+from simulator.memory import grad_itemsize_bytes, parallel_units, param_itemsize_bytes
 from simulator.parallel import Layout
 from simulator.scenario import SimInputs
 from simulator.stagecost import chunk_expert_params, end_tensors, moe_layer_params

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from forecast.gpus import GPUSpec
-from forecast.kernels import ITEMSIZE_BYTES
+from forecast.kernels import ITEMSIZE_BYTES, Dtype
 from simulator.models import ModelSpec
 from simulator.opgraph import Workload
 
@@ -60,12 +60,25 @@ def layer_activation_bytes(model: ModelSpec, run: Workload) -> float:
     return s * b * h * per_token * ITEMSIZE_BYTES[run.dtype] / 2.0
 
 
+def grad_itemsize_bytes(dtype: Dtype) -> int:
+    """Bytes per gradient element in training (as reduced over DP): fp32 main gradients
+    for fp32 and bf16, 16-bit for fp16 and fp8."""
+    return 2 if dtype in (Dtype.FP16, Dtype.FP8) else 4
+
+
+def param_itemsize_bytes(dtype: Dtype) -> int:
+    """Bytes per model-weight element (fp8 training keeps 16-bit weights)."""
+    return max(2, ITEMSIZE_BYTES[dtype])
+
+
 def step_memory(
     *, num_params: float, item_bytes: float, train: bool, activations_bytes: float, gpu: GPUSpec
 ) -> MemoryEstimate:
     """Weights, and when training gradients plus Adam state (two fp32 moments, and an fp32
-    master copy for 16-bit types), plus the given activations, against the GPU's memory."""
-    weights = num_params * item_bytes
+    master copy for 16-bit types), plus the given activations, against the GPU's memory.
+    fp8 training keeps 16-bit weights and gradients (Transformer Engine casts to fp8 per GEMM;
+    `param_itemsize_bytes`); fp8 inference holds 1-byte weights."""
+    weights = num_params * (max(2.0, item_bytes) if train else item_bytes)
     if train:
         grads = weights
         master = 0.0 if item_bytes == 4 else 4.0 * num_params

@@ -32,13 +32,12 @@ from simulator.comm import (
     LayerComm,
     collective_s,
     grad_buckets,
-    grad_itemsize_bytes,
     layer_comm,
     param_gather_buckets,
-    param_itemsize_bytes,
     zero3_blocking_s,
 )
 from simulator.dist_memory import MemoryBreakdown, stage_memory
+from simulator.memory import grad_itemsize_bytes, param_itemsize_bytes
 from simulator.parallel import Layout, RunConfig
 from simulator.scenario import SimInputs
 from simulator.simulate import layout_of

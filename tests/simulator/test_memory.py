@@ -29,3 +29,19 @@ def test_gpt3_training_does_not_fit_one_gpu() -> None:
     mem = estimate_memory(load_model("gpt3-175b"), run, load_gpu("h100-sxm5-80gb"))
     assert not mem.fits
     assert mem.optimizer_bytes == pytest.approx(12 * load_model("gpt3-175b").num_params())
+
+
+@pytest.mark.parametrize(("dtype", "state"), [("bf16", 16), ("fp16", 16), ("fp8", 16)])
+def test_mixed_precision_state_is_16_bytes_a_parameter(dtype: str, state: int) -> None:
+    """2-byte weights and gradients, fp32 master copy and two moments (ZeRO's 2 + 2 + 12):
+    fp8 training too, whose weights stay 16-bit (it counted 1 + 1 + 12)."""
+    model = load_model("tiny-gpt")
+    run = Workload(batch=1, seq=64, mode="train", framework="megatron", dtype=dtype)
+    mem = estimate_memory(model, run, load_gpu("h200-sxm-141gb"))
+    n = model.num_params()
+    assert mem.weights_bytes == mem.gradients_bytes == 2 * n
+    assert mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes == state * n
+    inference = estimate_memory(
+        model, run.model_copy(update={"mode": "inf"}), load_gpu("h200-sxm-141gb")
+    )
+    assert inference.weights_bytes == (1 if dtype == "fp8" else 2) * n
