@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from pydantic import ValidationError
@@ -149,7 +150,9 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _predict_runs(args: argparse.Namespace) -> int:
-    """``--runs FILE.jsonl``: one JSON line out per run line; a bad line is its error line."""
+    """``--runs FILE.jsonl``: one JSON line out per run line; a bad line is its error line, the
+    others still run, and the exit code is 1 with the failed lines named on stderr (as a sweep
+    with failed layouts), so a script sees the failure without parsing every line."""
     flags = [f"--{k}" for k in RUN_KEYS if getattr(args, k) is not None]
     if flags:  # they were ignored: every run comes from its line
         raise ConfigError(
@@ -163,6 +166,7 @@ def _predict_runs(args: argparse.Namespace) -> int:
     if not any(line.strip() for line in lines):
         raise ConfigError(f"--runs {args.runs}: no runs in it; give one JSON object per line")
     latency = _latency_model(args.latency_model)  # a bad --latency-model: once, exit 2
+    failed: list[int] = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -172,9 +176,16 @@ def _predict_runs(args: argparse.Namespace) -> int:
                 raise ConfigError("a run is a JSON object")
             _print_result(_run_one(spec, args, latency), as_json=True)
         except (json.JSONDecodeError, ConfigError, GPUError, ValueError) as e:
+            failed.append(i)
             print(json.dumps({"line": i, "error": str(e).splitlines()[0]}))
         except Exception as e:  # a bad line never stops the others; name what broke
+            failed.append(i)
             print(json.dumps({"line": i, "error": f"{type(e).__name__}: {e}".splitlines()[0]}))
+    if failed:
+        runs = sum(1 for line in lines if line.strip())
+        named = ", ".join(map(str, failed[:10])) + (", ..." if len(failed) > 10 else "")
+        print(f"tilesim: {len(failed)} of {runs} runs failed: line {named}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -157,7 +157,7 @@ def test_a_key_given_twice_in_a_run_line_is_that_lines_error(
     """``{"batch": 1, ..., "batch": 2}`` silently ran batch 2."""
     twice = json.dumps(RUN)[:-1] + ', "batch": 2}'
     runs = _runs(tmp_path, twice, json.dumps(RUN))
-    assert main(["predict", "--runs", runs, "--latency-model", "roofline"]) == 0
+    assert main(["predict", "--runs", runs, "--latency-model", "roofline"]) == 1  # one line failed
     first, second = (json.loads(line) for line in capsys.readouterr().out.splitlines())
     assert first == {"line": 1, "error": "key 'batch' given twice; give each key once"}
     assert second["fits"] is True

@@ -53,8 +53,10 @@ def test_runs_jsonl_with_one_bad_line(tmp_path: Path, capsys: pytest.CaptureFixt
     lines = [json.dumps(good), json.dumps({**good, "gpu": "zzz"}), json.dumps({**good, "seq": 64})]
     runs = tmp_path / "runs.jsonl"
     runs.write_text("\n".join(lines) + "\n")
-    assert main(["predict", "--runs", str(runs), "--latency-model", "roofline", "--json"]) == 0
-    out = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert main(["predict", "--runs", str(runs), "--latency-model", "roofline", "--json"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == "tilesim: 1 of 3 runs failed: line 2\n"
+    out = [json.loads(x) for x in captured.out.splitlines()]
     assert len(out) == 3
     assert set(out[0]) == KEYS and set(out[2]) == KEYS
     assert out[1]["line"] == 2 and "zzz" in out[1]["error"]
@@ -67,7 +69,7 @@ def test_runs_jsonl_bad_values_are_line_errors(
     bad = [{"batch": True}, {"batch": "2"}, {"batch": 10**20}, {"seq": 1.5}]
     runs = tmp_path / "runs.jsonl"
     runs.write_text("\n".join(json.dumps({**good, **b}) for b in [*bad, {}]) + "\n")
-    assert main(["predict", "--runs", str(runs), "--latency-model", "roofline", "--json"]) == 0
+    assert main(["predict", "--runs", str(runs), "--latency-model", "roofline", "--json"]) == 1
     out = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [o.get("line") for o in out] == [1, 2, 3, 4, None]
     assert "batch" in out[0]["error"] and "2^40" in out[2]["error"]
