@@ -71,7 +71,10 @@ class GPUSpec(BaseModel):
         """Peak FLOP/s for a dtype, or a `GPUError` naming the dtypes this GPU supports."""
         if dtype not in self.peak_flops_per_s:
             have = ", ".join(sorted(self.peak_flops_per_s))
-            raise GPUError(f"{self.id} has no {dtype.value} peak in its catalog; it has: {have}")
+            raise GPUError(
+                f"dtype {dtype.value}: {self.id} has no {dtype.value} peak in its catalog; "
+                f"use one of {have}"
+            )
         return self.peak_flops_per_s[dtype]
 
 
