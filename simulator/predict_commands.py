@@ -74,11 +74,23 @@ def _workload(fields: dict[str, Any]) -> Workload:
         raise ConfigError(f"field {first['loc'][0]!r}: {msg}" if first["loc"] else msg) from e
 
 
+WHOLE_MODEL_LATENCY = ("auto", "tile-mlp", "roofline")
+
+
 def _latency_model(kind: str) -> LatencyModel:
-    try:
-        return load_latency_model(kind)
-    except ValueError as e:
-        raise ConfigError(f"--latency-model: {e}") from e
+    """A latency model that covers every kernel of a model (`tensor-core` alone covers GEMMs
+    and attention: it is for `kernels predict`, and `auto` uses it for those)."""
+    if kind not in WHOLE_MODEL_LATENCY:
+        why = (
+            "forecasts GEMMs and attention only, not a whole model's element-wise kernels"
+            if kind == "tensor-core"
+            else "is not a latency model"
+        )
+        raise ConfigError(
+            f"--latency-model {kind}: {why}; use {', '.join(WHOLE_MODEL_LATENCY)} "
+            "(auto runs the tensor-core model where it applies)"
+        )
+    return load_latency_model(kind)
 
 
 def _predict_module(args: argparse.Namespace) -> int:

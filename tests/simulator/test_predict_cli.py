@@ -311,3 +311,16 @@ def test_validate_e2e_draws_its_figure(tmp_path: Path) -> None:
     out = tmp_path / "e2e.png"
     assert main(["validate", "e2e", "--markdown", "--plot", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("kind", ["tensor-core", "foo"])
+def test_a_latency_model_that_cannot_cover_a_model_is_refused(
+    kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """tensor-core was accepted and then failed on the first element-wise kernel."""
+    argv = ["predict", "--model", "tiny-gpt", "--gpu", "a100-sxm4-80gb", "--batch", "1"]
+    argv += ["--seq", "64", "--mode", "train", "--dtype", "bf16", "--latency-model", kind]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--latency-model {kind}:" in err and "auto, tile-mlp, roofline" in err
+    assert err.count("\n") == 1
