@@ -103,7 +103,10 @@ def kernel_head_dim(head_dim: int) -> int:
     for d in sorted(FWD_TILES):
         if head_dim <= d:
             return d
-    raise ValueError(f"flash-attention 2 supports head dims up to {MAX_HEAD_DIM}, not {head_dim}")
+    raise ValueError(
+        f"head dim {head_dim}: flash-attention 2 supports head dims up to {MAX_HEAD_DIM}; "
+        f"use a head dim of at most {MAX_HEAD_DIM}"
+    )
 
 
 def forward_counts(head_dim: int, rates: SMRates) -> PipeCounts:

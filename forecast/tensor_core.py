@@ -217,16 +217,21 @@ class TensorCoreModel:
 def _check(k: KernelSpec, gpu: GPUSpec) -> None:
     if k.family is OpFamily.ATTENTION:
         if k.dtype not in ATTENTION_DTYPES:
-            raise TensorCoreError(f"attention is modelled in fp16/bf16, not {k.dtype.value}")
+            raise TensorCoreError(
+                f"dtype {k.dtype.value}: attention is modelled in fp16/bf16 only; use fp16 or bf16"
+            )
         try:
             kernel_head_dim(k.dims[3])
         except ValueError as e:
             raise TensorCoreError(str(e)) from e
     elif k.family not in GEMM_FAMILIES:
-        raise TensorCoreError(f"{k.family.value} does not run on tensor cores; route it elsewhere")
+        raise TensorCoreError(
+            f"op {k.op}: {k.family.value} does not run on tensor cores; use the auto latency "
+            "model, which routes it to the fp32 or bandwidth model"
+        )
     elif k.dtype not in TENSOR_DTYPES:
         raise TensorCoreError(
-            f"{k.dtype.value} is not a tensor-core dtype; use one of "
+            f"dtype {k.dtype.value}: not a tensor-core dtype; use one of "
             + ", ".join(sorted(d.value for d in TENSOR_DTYPES))
         )
     gpu.peak_for(k.dtype)  # GPUError for pairs the GPU lacks (fp8 on A100)

@@ -37,9 +37,23 @@ def add_kernel_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 
     q = ks.add_parser("predict", help="latency of one kernel on one GPU")
     q.add_argument("--gpu", required=True, help="catalog id, device name, .toml or NeuSight .json")
-    q.add_argument("--op", required=True, help="bmm, linear, add, gelu, softmax, ln, copy, ...")
-    q.add_argument("--dims", required=True, help="B,M,N,K for bmm/linear; B,H for vector ops")
-    q.add_argument("--dtype", default="fp32", help="fp32 (tile-mlp); roofline also tf32/bf16/...")
+    q.add_argument(
+        "--op",
+        required=True,
+        help="gemm, bmm, linear, attention, attention_bwd, add, gelu, softmax, ln, copy, ...",
+    )
+    q.add_argument(
+        "--dims",
+        required=True,
+        help="M,N,K for gemm (K the reduction); B,M,N,K for bmm/linear (N the reduction); "
+        "BH,S_q,S_kv,D for attention (non-causal flash attention 2; causal is not modelled); "
+        "B,H for vector ops",
+    )
+    q.add_argument(
+        "--dtype",
+        default="fp32",
+        help="fp32, tf32, fp16, bf16 or fp8; the GPU must have a catalog peak for it",
+    )
     q.add_argument("--model", default="auto", help=f"one of {', '.join(LATENCY_MODELS)}")
     q.add_argument("--json", action="store_true", help="print one JSON object")
     q.set_defaults(handler=_predict)
