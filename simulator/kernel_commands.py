@@ -137,9 +137,16 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
+EVAL_FAMILIES = ("bmm", "linear", "elementwise", "softmax", "layernorm")
+
+
 def _eval(args: argparse.Namespace) -> int:
-    result = score(_model(args.model), load_measurements(args.csv))
-    if all(fam == "skipped" for fam in result):  # it printed "skipped rows: N" and exited 0
+    scored = score(_model(args.model), load_measurements(args.csv))
+    # the five NeuSight families always (n 0 and nulls when the CSVs hold none of a family, so
+    # a script reads the same keys whatever it passed), then any other family scored
+    empty = {"n": 0, "mape_pct": None, "median_ape_pct": None, "p90_ape_pct": None}
+    result = {f: scored.get(f, empty) for f in EVAL_FAMILIES} | scored
+    if all(s["n"] == 0 for fam, s in result.items() if fam != "skipped"):
         skipped = result["skipped"]
         first = f"; row {skipped[0]['row']}: {skipped[0]['reason']}" if skipped else ""
         raise ConfigError(
@@ -150,9 +157,11 @@ def _eval(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return 0
     for fam, s in result.items():
-        if fam != "skipped":
+        if fam != "skipped" and s["n"]:
             mape, med = s["mape_pct"], s["median_ape_pct"]
             print(f"{fam:12} n={s['n']:6d}  MAPE {mape:6.2f}%  median {med:6.2f}%")
+        elif fam != "skipped":
+            print(f"{fam:12} n=     0  (no rows of this family)")
     print(f"skipped rows: {len(result['skipped'])}")
     return 0
 

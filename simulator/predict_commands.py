@@ -53,7 +53,7 @@ def add_predict_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "kernels measured twice (NeuSight labels)",
     )
     e.add_argument("--data", type=path_arg, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
-    e.add_argument("--markdown", action="store_true", help="print the README table only")
+    e.add_argument("--markdown", action="store_true", help="print the README tables only")
     e.add_argument("--readme", type=path_arg, default=None, help="rewrite the README's e2e table")
     e.add_argument("--plot", type=path_arg, default=None, help="draw predicted vs measured (PNG)")
     e.set_defaults(handler=_validate_e2e)
@@ -214,8 +214,8 @@ def _validate_e2e(args: argparse.Namespace) -> int:
     tables = e2e_tables(args.data, runs)
     if args.readme is not None:
         update_readme_tables(args.readme, [(t.markdown, t.begin, t.end) for t in tables])
-    for t in tables:
-        print(t.markdown if args.markdown else f"{t.title}\n{t.markdown}\n")
+    for i, t in enumerate(tables):  # Markdown needs a blank line between two tables
+        print(("\n" if i else "") + t.markdown if args.markdown else f"{t.title}\n{t.markdown}\n")
     if not args.markdown:
         for folder, why in skipped.items():
             print(f"skipped {folder}: {why}")

@@ -116,3 +116,18 @@ def test_score_default_keeps_two_decimals(tmp_path: Path) -> None:
     """`kernels eval`'s numbers (and the model's held-out meta) stay at two decimals."""
     rows = load_measurements([_csv(tmp_path)])
     assert score(_Stub(), rows)["bmm"]["mape_pct"] == 21.95  # type: ignore[arg-type]
+
+
+def test_kernels_eval_json_always_has_the_five_families(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CSV of one family: the other four are there with n 0 (they were left out, so a
+    script's keys depended on which CSVs it passed)."""
+    csv = tmp_path / "m.csv"
+    csv.write_text("OPName,Latency,Device,B,M,N,K,H\nbmm,0.05,NVIDIA L4,8,256,64,256,\n")
+    assert main(["kernels", "eval", "--csv", str(csv), "--model", "roofline", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert list(result) == ["bmm", "linear", "elementwise", "softmax", "layernorm", "skipped"]
+    assert result["bmm"]["n"] == 1
+    empty = {"n": 0, "mape_pct": None, "median_ape_pct": None, "p90_ape_pct": None}
+    assert all(result[f] == empty for f in ("linear", "elementwise", "softmax", "layernorm"))
