@@ -9,9 +9,11 @@ Ray: unless ``address`` names a cluster, a local Ray is started with ``num_cpus=
 no dashboard and usage stats off, and shut down afterwards. The `Shared` inputs (contexts and
 their kernel tables, computed once in the driver) are sent once with ``ray.put`` and fetched
 once per worker (`_ray_chunk`); rows come back as plain pickle bytes. A task whose
-worker dies is retried by Ray (``max_retries``); if it still fails, its layouts become
-``error`` rows. An exception inside one layout becomes that layout's ``error`` row (with the
-traceback) and the others go on; so does a result of NaN or infinity (JSON has neither).
+worker dies is retried by Ray (``max_retries``); if it still fails, it is halved and its
+halves run once each, down to single layouts: only a layout that kills its worker becomes an
+``error`` row, the rest of its chunk is priced as usual. An exception inside one layout
+becomes that layout's ``error`` row (with the traceback) and the others go on; so does a
+result of NaN or infinity (JSON has neither).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import signal
 import socket
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,13 +39,10 @@ Executor = Literal["serial", "ray"]
 MAX_RETRIES = 3
 
 
-def _failed_chunk(tier: Tier, chunk: Sequence[Point], shared: Shared, err: str) -> list[Row]:
-    rows = []
-    for p in chunk:
-        row = layout_row(shared, p, tier)
-        row.update(status="error", reason=f"worker failed {MAX_RETRIES + 1} times", error=err)
-        rows.append(row)
-    return rows
+def _failed_layout(tier: Tier, p: Point, shared: Shared, err: str) -> Row:
+    row = layout_row(shared, p, tier)
+    row.update(status="error", reason="its worker died evaluating it (Ray retried)", error=err)
+    return row
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,37 @@ def _ray_init(opts: RayOptions) -> bool:
     else:
         # "local": always a new embedded Ray; without it ray.init joins any cluster this
         # machine has started (`ray start`), and refuses num_cpus there.
-        ray.init(address="local", num_cpus=opts.workers, **common)
+        with _sigint_deferred() as interrupted:
+            ray.init(address="local", num_cpus=opts.workers, **common)
+        if interrupted:
+            ray.shutdown()
+            raise KeyboardInterrupt
     return True
+
+
+@contextmanager
+def _sigint_deferred() -> Iterator[list[int]]:
+    """Hold off Ctrl-C while Ray starts: interrupted inside ``ray.init``, Ray has not yet noted
+    what it started, so neither it nor ``ray.shutdown`` stops it, and its agents lingered a
+    minute after tilesim had exited. The list yielded is non-empty when one came; a second
+    Ctrl-C interrupts at once."""
+    interrupted: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if main else None
+    if previous in (None, signal.SIG_IGN):  # only the main thread gets signals; None: not
+        # a Python handler; SIG_IGN: Ctrl-C is ignored (a background job) and stays so
+        yield interrupted
+        return
+
+    def note(signum: int, frame: object) -> None:
+        interrupted.append(signum)
+        signal.signal(signal.SIGINT, previous)
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 ADDRESS_FORMS = "HOST:PORT (a Ray head), auto (the cluster on this machine) or ray://HOST[:PORT]"
@@ -145,6 +175,7 @@ def _run_ray(
     import ray
 
     remote = ray.remote(max_retries=MAX_RETRIES)(_ray_chunk)
+    once = remote.options(max_retries=0)
     boxed = [ray.put(shared)]
     pending = {remote.remote(tier, c, shared.token, boxed): c for c in chunks}
     while pending:
@@ -153,7 +184,13 @@ def _run_ray(
         try:
             rows = pickle.loads(ray.get(ready[0]))
         except (ray.exceptions.RayError, OSError) as e:
-            rows = _failed_chunk(tier, chunk, shared, repr(e))
+            if len(chunk) == 1:
+                rows = [_failed_layout(tier, chunk[0], shared, repr(e))]
+            else:  # halve it until the layout that kills its worker is alone
+                half = len(chunk) // 2
+                for piece in (chunk[:half], chunk[half:]):
+                    pending[once.remote(tier, piece, shared.token, boxed)] = piece
+                continue
         on_rows(rows)
 
 

@@ -173,10 +173,18 @@ def _tier(
         bar.update(len(rows))
 
     opts = RayOptions(workers=args.workers, address=args.address)
-    run_sweep(
-        tier, todo, shared, executor=executor, chunk_size=chunk, on_rows=on_rows, ray_options=opts
-    )
-    bar.close()
+    try:
+        run_sweep(
+            tier,
+            todo,
+            shared,
+            executor=executor,
+            chunk_size=chunk,
+            on_rows=on_rows,
+            ray_options=opts,
+        )
+    finally:  # end the bar's line before a Ctrl-C message (it was glued to the bar)
+        bar.close()
     wanted = set(keys)  # the log may also hold rows of a rerun with other settings
     return [r for r in log.rows(tier) if r["key"] in wanted]
 
