@@ -68,10 +68,17 @@ class ClusterSection(BaseModel):
     """GPU type and the intra-/inter-node fabrics."""
 
     model_config = _FROZEN
-    gpu: str = Field(description="catalog id (`tilesim list gpus`) or a GPU JSON path")
-    server: str = Field(description="intra-node fabric: catalog id (`tilesim list servers`)")
+    gpu: str = Field(
+        description="catalog id (`tilesim list gpus`), device name, or a GPU .toml / NeuSight "
+        ".json path (relative to the scenario's folder)"
+    )
+    server: str = Field(
+        description="intra-node fabric: catalog id (`tilesim list servers`) or a .toml path"
+    )
     network: str | None = Field(
-        default=None, description="inter-node fabric (`tilesim list networks`); multi-node only"
+        default=None,
+        description="inter-node fabric (`tilesim list networks`) or a .toml path; default: "
+        "the server's default network; multi-node only",
     )
     num_gpus: int = Field(gt=0, description="GPUs in the job: tp x cp x pp x dp")
     gpus_per_node: int | None = Field(default=None, gt=0, description="default: the server's")
@@ -156,6 +163,11 @@ def _set(raw: dict[str, Any], assignment: str) -> None:
 
 def parse_scenario(raw: dict[str, Any], *, source: str, base_dir: Path) -> Scenario:
     """Validate a scenario mapping; the first problem becomes one `ConfigError` line."""
+    if "base_dir" in raw:  # set from the file's folder; one in the file was silently dropped
+        raise ConfigError(
+            f"{source}: key 'base_dir': not a scenario key (paths in a scenario are relative "
+            "to its own folder); remove it"
+        )
     try:
         return Scenario.model_validate({**raw, "base_dir": str(base_dir)})
     except ValidationError as e:
@@ -241,9 +253,21 @@ def resolve_model(s: Scenario) -> ModelSpec:
     return _inline_model(m, s.study.name)
 
 
-def resolve_cluster(c: ClusterSection) -> Cluster:
-    """A `Cluster` of ``num_gpus`` GPUs of the server type (per-node counts overridable)."""
-    server = load_server(c.server)
+def _beside(base_dir: str, ref: str) -> str:
+    """A catalog id as it is; a relative ``.toml``/``.json`` path from the scenario's folder,
+    as ``model.hf_config`` is (it was read from the current folder), where a file is there."""
+    path = Path(ref)
+    if path.suffix in (".toml", ".json") and not path.is_absolute():
+        beside = Path(base_dir) / path
+        if beside.is_file():
+            return str(beside)
+    return ref
+
+
+def resolve_cluster(c: ClusterSection, base_dir: str = ".") -> Cluster:
+    """A `Cluster` of ``num_gpus`` GPUs of the server type (per-node counts overridable);
+    server and network TOML paths relative to ``base_dir`` (the scenario's folder)."""
+    server = load_server(_beside(base_dir, c.server))
     update: dict[str, Any] = {}
     if c.gpus_per_node is not None and c.gpus_per_node != server.gpus_per_node:
         update["gpus_per_node"] = c.gpus_per_node
@@ -257,7 +281,7 @@ def resolve_cluster(c: ClusterSection) -> Cluster:
             f"cluster.nics_per_node: {nodes} nodes with no NIC cannot talk; give at least 1"
         )
     net_id = c.network or server.default_network
-    net = load_network(net_id) if net_id else None
+    net = load_network(_beside(base_dir, net_id)) if net_id else None
     if nodes > 1 and net is None:
         raise ConfigError(f"cluster.network: {nodes} nodes need a network id")
     return Cluster(ClusterSpec(server=server, network=net, num_nodes=nodes))
@@ -287,8 +311,8 @@ def check_tokens(seq_len: int, run: RunConfig) -> None:
 def resolve(s: Scenario) -> SimInputs:
     """Load the model, GPU and cluster a scenario names; unknown ids become `ConfigError`."""
     try:
-        gpu = load_gpu(s.cluster.gpu)
-        cluster = resolve_cluster(s.cluster)
+        gpu = load_gpu(_beside(s.base_dir, s.cluster.gpu))
+        cluster = resolve_cluster(s.cluster, s.base_dir)
     except (GPUError, TopologyError) as e:
         raise ConfigError(f"cluster: {e}") from e
     model = resolve_model(s)
