@@ -225,9 +225,11 @@ def calibrate(
     measured: Sequence[Path] = (),
 ) -> TCParams:
     """Fit the constants on every non-H100 GPU of microbenchmarks.json and of the collected
-    ``measured`` CSVs but ``holdout``; every case weighs the same."""
+    ``measured`` CSVs but ``holdout``; every case weighs the same. The user's CSVs are read
+    first, so their mistakes are named even without the shared data."""
+    collected = collected_cases(measured)
     cases, hbm = benchmark_cases(data_dir)
-    cases += collected_cases(measured)
+    cases += collected
     gpus_measured = sorted({c.gpu_id for c in cases})
     if holdout is not None and holdout not in gpus_measured:
         raise TensorCoreError(
