@@ -29,6 +29,9 @@ from forecast.roofline import RooflineModel
 SCORED_FAMILIES = tuple(f for f in OpFamily if f is not OpFamily.MEMORY)
 
 
+NO_ROWS: dict[str, Any] = {"n": 0, "mape_pct": None, "median_ape_pct": None, "p90_ape_pct": None}
+
+
 def ape_stats(
     pred_s: npt.NDArray[np.float64], true_s: npt.NDArray[np.float64], digits: int | None = 2
 ) -> dict[str, Any]:
@@ -36,7 +39,7 @@ def ape_stats(
     ``digits`` decimals (None: unrounded, for a report whose table rounds them once)."""
     ape = np.abs(pred_s / true_s - 1.0) * 100.0
     if len(ape) == 0:
-        return {"n": 0, "mape_pct": None, "median_ape_pct": None, "p90_ape_pct": None}
+        return dict(NO_ROWS)
     stats = (float(ape.mean()), float(np.median(ape)), float(np.percentile(ape, 90)))
     mape, median, p90 = (x if digits is None else round(x, digits) for x in stats)
     return {"n": len(ape), "mape_pct": mape, "median_ape_pct": median, "p90_ape_pct": p90}

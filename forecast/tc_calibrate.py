@@ -63,7 +63,10 @@ class Case:
 
 
 def _positive(value: Any, what: str) -> float:
-    v = float(value)
+    try:
+        v = float(value)
+    except (TypeError, ValueError):  # "could not convert string to float" named no field
+        v = math.nan
     if not 0 < v < math.inf:
         raise ValueError(f"{what} must be a positive number, got {value!r}")
     return v
@@ -125,13 +128,6 @@ TC_DTYPES = ("tf32", "fp16", "bf16", "fp8")
 FA2_FORWARD_KERNEL = "flash_fwd"  # FA2's forward kernels: flash_fwd_kernel, flash_fwd_splitkv_...
 
 
-def _number(r: dict[str, str], column: str) -> float:
-    try:
-        return _positive(r[column], f"column {column}")
-    except ValueError:
-        raise ValueError(f"column {column} must be a positive number, got {r[column]!r}") from None
-
-
 def _collected_case(r: dict[str, str], source: str) -> Case | None:
     """One row of a collected CSV as a case: tensor-core GEMMs (``bmm``) and flash-attention-2
     forwards (``attention`` rows whose kernel is FA2's; PyTorch may run another backend);
@@ -144,8 +140,8 @@ def _collected_case(r: dict[str, str], source: str) -> Case | None:
     gpu_id = gpu_id_for_device(r.get("Device", ""))
     if BLIND_GPU in gpu_id:
         raise ValueError("an H100 measurement; the H100 is the project's blind GPU")
-    dims = tuple(int(_number(r, c)) for c in ("B", "M", "N", "K"))
-    seconds = _number(r, "Latency") * 1e-3
+    dims = tuple(int(_positive(r[c], f"column {c}")) for c in ("B", "M", "N", "K"))
+    seconds = _positive(r["Latency"], "column Latency") * 1e-3
     if op == "attention":
         kernel = KernelSpec(OpFamily.ATTENTION, dims, Dtype(dtype), "attention")
         label = f"fa2 fwd d{dims[3]} s{dims[1]} bh{dims[0]}"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from forecast.dataset import DataError, default_data_dir, load_measurements
-from forecast.evaluate import neusight_test_rows, score, unseen_errors, validate
+from forecast.evaluate import NO_ROWS, neusight_test_rows, score, unseen_errors, validate
 from forecast.files import write_text_atomic
 from forecast.gpus import load_gpu
 from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, resolve_op
@@ -144,8 +144,7 @@ def _eval(args: argparse.Namespace) -> int:
     scored = score(_model(args.model), load_measurements(args.csv))
     # the five NeuSight families always (n 0 and nulls when the CSVs hold none of a family, so
     # a script reads the same keys whatever it passed), then any other family scored
-    empty = {"n": 0, "mape_pct": None, "median_ape_pct": None, "p90_ape_pct": None}
-    result = {f: scored.get(f, empty) for f in EVAL_FAMILIES} | scored
+    result = {f: scored.get(f, NO_ROWS) for f in EVAL_FAMILIES} | scored
     if all(s["n"] == 0 for fam, s in result.items() if fam != "skipped"):
         skipped = result["skipped"]
         first = f"; row {skipped[0]['row']}: {skipped[0]['reason']}" if skipped else ""

@@ -216,7 +216,11 @@ def _sweep(args: argparse.Namespace) -> int:
         if not space.points:
             raise InfeasibleConfig(f"no valid layout in the sweep ({space.pruned} pruned)")
         _check_ranking(args.rank, space)
-        for point in space.points:
+        # tokens per micro-batch depend on its size and cp alone: one layout of each pair
+        first: dict[tuple[int, int], Point] = {}
+        for p in space.points:
+            first.setdefault((p.micro_batch_size, p.cp), p)
+        for point in first.values():  # in the points' order: the same first failure
             check_tokens(scenario.model.seq_len, point.run(scenario.run))
         target = Path(args.out) if args.out is not None else _out_dir(scenario)
         _check_out(target)
