@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -47,6 +48,21 @@ class Measurements:
 
     frame: pd.DataFrame
     skipped: list[Skipped] = field(default_factory=list)
+    # (first global row, file) of each file read, in order: where a global row came from
+    files: list[tuple[int, str]] = field(default_factory=list)
+
+    def where(self, row: int) -> tuple[str, int]:
+        """The file a global row was read from, and its line there (the header is line 1)."""
+        first, path = max((f for f in self.files if f[0] <= row), default=(0, ""))
+        return path, row - first + 2
+
+    def skipped_json(self, more: list[Skipped] | None = None) -> list[dict[str, Any]]:
+        """Skipped rows as JSON objects: the global row, its file and line, and the reason."""
+        out = []
+        for s in (*self.skipped, *(more or [])):
+            path, line = self.where(s.row)
+            out.append({"row": s.row, "file": path, "line": line, "reason": s.reason})
+        return out
 
     def family(self, family: OpFamily) -> pd.DataFrame:
         """Rows of one family."""
@@ -144,6 +160,7 @@ def load_measurements(paths: list[Path] | list[str]) -> Measurements:
     """Load and concatenate measurement files (any mix of ops and devices)."""
     frames: list[pd.DataFrame] = []
     skipped: list[Skipped] = []
+    files: list[tuple[int, str]] = []
     offset = 0
     for p in map(Path, paths):
         df = read_table(p)
@@ -152,6 +169,7 @@ def load_measurements(paths: list[Path] | list[str]) -> Measurements:
         resolved["source"] = str(p)
         frames.append(resolved)
         skipped += sk
+        files.append((offset, str(p)))
         offset += len(df)
     if not frames:
         raise DataError("no measurement files given")
@@ -159,7 +177,7 @@ def load_measurements(paths: list[Path] | list[str]) -> Measurements:
     for c in (*GEMM_DIMS, "H"):
         if c in frame.columns:
             frame[c] = pd.to_numeric(frame[c], errors="coerce").fillna(1).astype(np.int64)
-    return Measurements(frame=frame, skipped=skipped)
+    return Measurements(frame=frame, skipped=skipped, files=files)
 
 
 def tile_of_kernel_name(name: str) -> tuple[int, int] | None:

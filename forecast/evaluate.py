@@ -83,7 +83,7 @@ def score(model: LatencyModel, meas: Measurements, digits: int | None = 2) -> di
         if len(rows):
             pred, true = rows["pred_s"].to_numpy(), rows["latency_s"].to_numpy()
             out[family.value] = ape_stats(pred, true, digits)
-    out["skipped"] = [{"row": s.row, "reason": s.reason} for s in (*meas.skipped, *skipped)]
+    out["skipped"] = meas.skipped_json(skipped)
     return out
 
 
@@ -95,7 +95,7 @@ def neusight_test_rows(data_dir: Path) -> Measurements:
 
 def device_rows(meas: Measurements, device: str) -> Measurements:
     """The rows of one device."""
-    return Measurements(frame=meas.frame[meas.frame["Device"] == device].copy())
+    return Measurements(frame=meas.frame[meas.frame["Device"] == device].copy(), files=meas.files)
 
 
 def unseen_devices(meas: Measurements) -> list[str]:

@@ -147,7 +147,11 @@ def _eval(args: argparse.Namespace) -> int:
     result = {f: scored.get(f, NO_ROWS) for f in EVAL_FAMILIES} | scored
     if all(s["n"] == 0 for fam, s in result.items() if fam != "skipped"):
         skipped = result["skipped"]
-        first = f"; row {skipped[0]['row']}: {skipped[0]['reason']}" if skipped else ""
+        first = (
+            f"; {skipped[0]['file']} line {skipped[0]['line']}: {skipped[0]['reason']}"
+            if skipped
+            else ""
+        )
         raise ConfigError(
             f"--csv: no row to score ({len(skipped)} skipped{first}); give measurements in "
             "the NeuSight schema"

@@ -84,7 +84,12 @@ def test_kernels_eval_json_schema(tmp_path: Path, capsys: pytest.CaptureFixture[
         assert stats["n"] == 1  # the layer norm at 0 ms is skipped
         assert all(round(v, 2) == v for k, v in stats.items() if k != "n")
     assert result["skipped"] == [
-        {"row": 5, "reason": "column Latency must be a positive number of milliseconds"}
+        {
+            "row": 5,
+            "file": str(csv),
+            "line": 7,
+            "reason": "column Latency must be a positive number of milliseconds",
+        }
     ]
 
 
