@@ -4,11 +4,13 @@ half-written result where a later run would read it. The lowest layer of the pro
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 
 def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
@@ -39,3 +41,12 @@ def write_together(writes: Sequence[tuple[Path, Callable[[Path], object]]]) -> N
             os.replace(tmp, path)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def read_json(path: Path, error: type[Exception], what: str, fix: str) -> Any:
+    """The parsed JSON of ``path``; an ``error`` of one line naming the file, ``what`` it
+    should hold and the ``fix`` when it is missing, unreadable, not UTF-8 or not JSON."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise error(f"cannot read {path} as {what} ({e}); {fix}") from None

@@ -14,7 +14,6 @@ kernels, and its TFLOP/s is their FLOPs over their summed time.
 from __future__ import annotations
 
 import csv
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -24,6 +23,7 @@ from typing import Any
 import numpy as np
 
 import forecast
+from forecast.files import read_json
 from forecast.gpus import gpu_id_for_device, load_gpu
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from forecast.tensor_core import F64, TCParams, TensorCoreError, TensorCoreModel, save_params
@@ -100,10 +100,7 @@ def benchmark_cases(data_dir: Path = DEFAULT_DATA_DIR) -> tuple[list[Case], dict
     """GEMM and flash-attention cases of microbenchmarks.json, and HBM efficiency per GPU; a
     `TensorCoreError` naming the file for one that cannot be read or holds no such case."""
     path, fix = data_dir / "microbenchmarks.json", "pass --data <shared>/data/hardware"
-    try:
-        records = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise TensorCoreError(f"cannot read {path} ({e}); {fix}") from None
+    records = read_json(path, TensorCoreError, "microbenchmarks JSON", fix)
     if not isinstance(records, list):
         raise TensorCoreError(f"{path}: expected a JSON list of one object per GPU; {fix}")
     cases: list[Case] = []

@@ -28,12 +28,12 @@ all-gather and reduce-scatter of the column-parallel linears).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from forecast.files import read_json
 from simulator.e2e_validate import read_label
 from simulator.errors import ConfigError
 from simulator.models import DEFAULT_DATA_DIR
@@ -215,10 +215,7 @@ def load_published(path: Path) -> list[dict[str, Any]]:
     """The runs of a ``dev_runs.json``: a non-empty JSON list of objects with a text ``id``;
     anything else is a `ConfigError` naming the file."""
     fix = "give the published runs (shared/data/published/dev_runs.json)"
-    try:
-        rows = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ConfigError(f"{path}: cannot read it as JSON ({e}); {fix}") from None
+    rows = read_json(path, ConfigError, "JSON", fix)
     if not isinstance(rows, list) or not rows:
         raise ConfigError(f"{path}: expected a non-empty JSON list of runs; {fix}")
     for i, row in enumerate(rows):

@@ -8,7 +8,6 @@ folders whose device has no catalog entry (MI250) are skipped with a reason. Fus
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import numpy as np
 
 from forecast.bandwidth import BandwidthModel
 from forecast.dataset import GEMM_DIMS, ROW_DIMS, load_measurements, neusight_files
+from forecast.files import read_json
 from forecast.gpus import GPUError, GPUSpec, load_gpu
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from forecast.predict import LatencyModel, LatencyTable
@@ -77,10 +77,7 @@ def read_label(path: Path, times: tuple[str, ...] = LABEL_TIMES) -> dict[str, An
     """A label JSON whose ``times`` (ms) are finite numbers, e2e positive (backward is 0 for
     inference, forward 0 in the 4-GPU labels); else a `ConfigError` naming file and key."""
     fix = "give the NeuSight data folder with --data"
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ConfigError(f"{path}: cannot read it as a JSON label ({e}); {fix}") from None
+    raw = read_json(path, ConfigError, "a JSON label", fix)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a label is a JSON object; {fix}")
     for key in times:

@@ -258,7 +258,7 @@ def test_console_script_runs_the_command_line(capsys: pytest.CaptureFixture[str]
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
-        ("{", "cannot read it as JSON"),  # JSONDecodeError traceback
+        ("{", "as JSON ("),  # JSONDecodeError traceback
         ("[1]", "run 0 is not an object with a text id"),  # TypeError traceback
         ("{}", "expected a non-empty JSON list of runs"),  # no published rows, exit 0
         ("[]", "expected a non-empty JSON list of runs"),
@@ -281,7 +281,7 @@ def test_published_runs_that_are_no_runs_name_the_file(
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
-        ("garbage", "cannot read it as a JSON label"),  # JSONDecodeError traceback
+        ("garbage", "as a JSON label"),  # JSONDecodeError traceback
         ('{"e2e_latency": "x"}', "e2e_latency must be a finite time in ms"),  # TypeError
         ('{"e2e_latency": -5}', "e2e_latency must be a finite time in ms, got -5"),
     ],
