@@ -23,7 +23,8 @@ class GroupLinks:
     """What one rank group sees of the cluster: the input of every collective cost model.
 
     Bandwidths are effective (line rate x efficiency x degradation), bytes/s per direction;
-    ``inter_bw_bytes_per_s`` is per node (all NICs the group's ranks on that node use).
+    ``inter_bw_bytes_per_s`` is per node (all NICs the group's ranks on that node use; on a
+    PCIe server no more than those ranks' x16 links carry, since the NICs hang off them).
     ``nic_on_intra_link``: a GPU reaches its NIC over the same link it reaches its peers by
     (a PCIe-only server: one x16 link carries both), so intra and inter traffic add up.
     """
@@ -45,6 +46,11 @@ class Cluster:
     """Nodes x GPUs of one server type, joined by a rail-optimised fat tree."""
 
     def __init__(self, spec: ClusterSpec) -> None:
+        if spec.num_nodes > 1 and (spec.network is None or spec.server.nics_per_node == 0):
+            raise TopologyError(
+                f"{spec.num_nodes} nodes of {spec.server.id} need a network and at least one NIC "
+                "per node to talk; give a network and nics_per_node >= 1, or one node"
+            )
         self.spec = spec
         self.server = spec.server
         self.network = spec.network
@@ -152,8 +158,17 @@ class Cluster:
             len(ls) * min(self._scale("inter", n, lr) for lr in ls) for n, ls in per_node.items()
         )
         bw = min(worst * nic_per_gpu, self.server.nics_per_node) * link.effective_bw_bytes_per_s
-        if len(per_node) > self.spec.nodes_per_leaf:
+        # the group's traffic crosses the spine when its nodes sit under two leaf groups (as
+        # `to_graph` wires them: node // nodes_per_leaf), however few nodes it has
+        if len({n // self.spec.nodes_per_leaf for n in per_node}) > 1:
             bw /= self.spec.oversubscription
+        if self.server.fabric == "pcie":  # NIC traffic crosses each GPU's one x16 link too
+            x16 = self.server.intra.effective_bw_bytes_per_s
+            bw = min(
+                bw,
+                min(sum(self._scale("intra", n, lr) for lr in ls) for n, ls in per_node.items())
+                * x16,
+            )
         return bw
 
     def to_graph(self) -> nx.Graph:
