@@ -157,6 +157,14 @@ def _check_schedule(run: RunConfig, layers: int, m: int) -> None:
     _need(layers >= run.pp * v, "run.pp", f"pp*virtual_stages must be <= n_layers = {layers}")
     if interleaved and v > 1:
         _need(m % run.pp == 0, "run.schedule", f"interleaved needs micro-batches ({m}) % pp == 0")
+        # Megatron-LM's interleaved schedule gives every model chunk the same layers (uneven
+        # splits, remainder to the middle stages, are for v = 1 only)
+        _need(
+            layers % (run.pp * v) == 0,
+            "run.virtual_stages",
+            f"interleaved needs n_layers = {layers} divisible by pp*virtual_stages = "
+            f"{run.pp}*{v}; pick pp and virtual_stages whose product divides it",
+        )
 
 
 def check_run(

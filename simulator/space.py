@@ -12,14 +12,16 @@ is one cluster size. Prices, power and the token budget are finite numbers.
 Each (option, world size) is a `Context` (resolved `SimInputs`); each layout is a `Point`, a
 flat frozen record that travels to workers cheaply. Layouts that break a rule (tp does not
 divide the heads, virtual stages without interleaving, ...) or duplicate another layout
-(sequence parallelism at tp 1, ZeRO at dp 1, pipeline schedules at pp 1) are pruned and counted;
-layouts that are valid but do not fit in memory are kept and become ``infeasible`` rows.
+(sequence parallelism at tp 1, ZeRO at dp 1, pipeline schedules at pp 1) are pruned and counted
+by rule (`Space.pruned_by`); layouts that are valid but do not fit in memory are kept and
+become ``infeasible`` rows.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -117,6 +119,9 @@ class Space:
     points: tuple[Point, ...]
     pruned: int
     train_tokens: float | None
+    # (rule, layouts) pruned by it, most first: "duplicate", "sizes" (`_cheap_ok`: GPUs or batch
+    # do not divide, or ZeRO at dp 1), else the key a `ConfigError` names ("run.virtual_stages")
+    pruned_by: tuple[tuple[str, int], ...] = ()
 
 
 def shipped_scenarios() -> list[str]:
@@ -304,24 +309,28 @@ def enumerate_space(scenario: Scenario) -> Space:
     grid = [_values(scenario, k) for k in RUN_KEYS]
     contexts = _contexts(scenario)
     points: list[Point] = []
-    pruned = 0
+    why: Counter[str] = Counter()
     for ci, ctx in enumerate(contexts):
         for combo in itertools.product(*grid):
             p = dict(zip(RUN_KEYS, combo, strict=True))
-            if _duplicate(p) or not _cheap_ok(p, ctx.inputs):
-                pruned += 1
+            if _duplicate(p):
+                why["duplicate"] += 1
+                continue
+            if not _cheap_ok(p, ctx.inputs):
+                why["sizes"] += 1
                 continue
             try:
                 layout = layout_of(ctx.inputs, scenario.run.model_copy(update=p))
-            except ConfigError:
-                pruned += 1
+            except ConfigError as e:
+                why[str(e).split(":", 1)[0]] += 1
                 continue
             points.append(Point(context=ci, **(p | {"dp": layout.dp})))
     return Space(
         contexts=tuple(contexts),
         points=tuple(sorted(points, key=_sort_key)),
-        pruned=pruned,
+        pruned=sum(why.values()),
         train_tokens=_train_tokens(scenario),
+        pruned_by=tuple(sorted(why.items(), key=lambda kv: (-kv[1], kv[0]))),
     )
 
 
