@@ -105,7 +105,9 @@ def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
         cp_bw_s=collective_s("reduce-scatter", kv_bytes, layout.cp_group, cl),
         ep_fw_s=ep,
         ep_bw_s=ep,
-        pp_hop_s=collective_s("send-recv", a / run.tp, layout.pp_pair, cl)
+        pp_hop_s=max(
+            (collective_s("send-recv", a / run.tp, h, cl) for h in layout.pp_hops), default=0.0
+        )
         + (0.0 if sp or run.pp == 1 else ag),
         tp_ar_s=ar,
         tp_ag_s=ag,

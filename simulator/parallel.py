@@ -101,7 +101,11 @@ class Layout:
     # dp x cp / ep ranks holding the same experts (Megatron's expert-data-parallel group):
     # expert gradients reduce, and expert state shards, over it
     edp_group: tuple[int, ...]
-    pp_pair: tuple[int, ...]
+    # the (sender, receiver) ranks of every stage boundary of rank 0's pipeline (interleaving
+    # also wraps from the last stage to the first): `comm.layer_comm` prices its hop at the
+    # slowest, as stages need not start on a node boundary (tp*cp*dp 4 on 8-GPU nodes: 0->4
+    # within a node, 4->8 across)
+    pp_hops: tuple[tuple[int, int], ...]
 
     @property
     def chunks(self) -> int:
@@ -168,10 +172,26 @@ def _check_schedule(run: RunConfig, layers: int, m: int) -> None:
 
 
 def check_run(
-    run: RunConfig, model: ModelSpec, *, num_gpus: int, global_batch_size: int, seq_len: int
+    run: RunConfig,
+    model: ModelSpec,
+    *,
+    num_gpus: int,
+    global_batch_size: int,
+    seq_len: int,
+    gpus_per_node: int | None = None,
 ) -> Layout:
-    """Validate a layout against the model and cluster; derive dp, micro-batches, groups."""
+    """Validate a layout against the model and cluster; derive dp, micro-batches, groups.
+    With ``gpus_per_node``, a TP group must sit inside one node or span whole nodes: one
+    representative group prices them all, and a group of 3 on 8-GPU nodes straddles two."""
     dp = _check_sizes(run, model, num_gpus)
+    if gpus_per_node is not None:
+        n = gpus_per_node
+        _need(
+            n % run.tp == 0 or run.tp % n == 0,
+            "run.tp",
+            f"must divide the {n} GPUs of a node or be a multiple of them (a TP group of "
+            f"{run.tp} would straddle two nodes)",
+        )
     per_step = run.micro_batch_size * dp
     _need(
         global_batch_size % per_step == 0,
@@ -196,5 +216,10 @@ def check_run(
         dp_group=dp_group,
         ep_group=tuple(k * tp for k in range(run.ep)),
         edp_group=tuple(k * tp * run.ep for k in range(cp * dp // run.ep)),
-        pp_pair=(0, tp * cp * dp) if run.pp > 1 else (0,),
+        pp_hops=_pp_hops(run.pp, tp * cp * dp, wrap=v > 1),
     )
+
+
+def _pp_hops(pp: int, stride: int, *, wrap: bool) -> tuple[tuple[int, int], ...]:
+    hops = [(s * stride, (s + 1) * stride) for s in range(pp - 1)]
+    return tuple([*hops, ((pp - 1) * stride, 0)] if wrap and pp > 1 else hops)

@@ -83,7 +83,7 @@ class ScreenCache:
     def layer(self, layout: Layout) -> LayerComm:
         """Per-layer communication seconds for this shard shape and group placement."""
         r = layout.run
-        key = (r.tp, r.cp, r.ep, r.micro_batch_size, r.sequence_parallel, layout.pp_pair)
+        key = (r.tp, r.cp, r.ep, r.micro_batch_size, r.sequence_parallel, layout.pp_hops)
         if key not in self.comms:
             self.comms[key] = layer_comm(self.inputs, layout)
         return self.comms[key]

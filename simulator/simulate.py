@@ -40,6 +40,7 @@ def layout_of(inputs: SimInputs, run: RunConfig) -> Layout:
         num_gpus=inputs.num_gpus,
         global_batch_size=inputs.global_batch_size,
         seq_len=inputs.seq_len,
+        gpus_per_node=inputs.cluster.server.gpus_per_node,
     )
 
 

@@ -111,7 +111,7 @@ def test_pipeline_hop_gathers_the_activation_over_tp() -> None:
         lay = layout_of(inputs, run)
         lc = layer_comm(inputs, lay)
         a = 2 * 128 * 256 * 2  # micro-batch * seq * hidden * bf16
-        send = collective_s("send-recv", a / 2, lay.pp_pair, inputs.cluster)
+        send = collective_s("send-recv", a / 2, lay.pp_hops[0], inputs.cluster)
         assert lc.pp_hop_s == pytest.approx(send + (0.0 if sp else lc.tp_ag_s))
 
 

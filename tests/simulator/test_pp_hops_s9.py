@@ -1,0 +1,61 @@
+"""Pipeline hops are priced at the slowest stage boundary, and TP groups never straddle nodes.
+
+The tiny scenario has 2 nodes x 4 GPUs. With tp*cp*dp = 2 the stages start every 2 ranks, so
+rank 0's first boundary (0 -> 2) stays inside node 0 while the next one (2 -> 4) crosses to
+node 1: the hop must cost the cross-node send, not the NVLink one rank 0 happens to see.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from simulator.comm import collective_s, layer_comm
+from simulator.errors import ConfigError
+from simulator.parallel import RunConfig
+from simulator.scenario import SimInputs, load_scenario, resolve
+from simulator.simulate import layout_of
+
+TINY = Path(__file__).resolve().parents[2] / "scenarios" / "tiny_gpt_8gpu.toml"
+
+
+def _inputs(*sets: str) -> SimInputs:
+    return resolve(load_scenario(TINY, overrides=["model.n_layers=4", *sets]))
+
+
+def test_hops_list_every_boundary_and_the_interleaved_wrap() -> None:
+    inputs = _inputs()
+    plain = layout_of(inputs, RunConfig(tp=1, pp=4, dp=2, micro_batch_size=1))
+    assert plain.pp_hops == ((0, 2), (2, 4), (4, 6))
+    wrap = layout_of(
+        inputs,
+        RunConfig(
+            tp=1, pp=2, dp=4, micro_batch_size=1, schedule="1f1b-interleaved", virtual_stages=2
+        ),
+    )
+    assert wrap.pp_hops == ((0, 4), (4, 0))
+    assert layout_of(inputs, RunConfig(tp=2, pp=1, dp=4, micro_batch_size=1)).pp_hops == ()
+
+
+def test_the_hop_costs_the_cross_node_boundary() -> None:
+    inputs = _inputs()
+    run = RunConfig(tp=1, pp=4, dp=2, micro_batch_size=1)  # tp 1: no TP gather on the hop
+    layout = layout_of(inputs, run)
+    a = 1 * 128 * 256 * 2  # micro-batch x seq x hidden x bf16
+    within = collective_s("send-recv", a, (0, 2), inputs.cluster)
+    across = collective_s("send-recv", a, (2, 4), inputs.cluster)
+    assert across > within  # the premise: node 0 -> node 1 is the slower link
+    assert layer_comm(inputs, layout).pp_hop_s == pytest.approx(across)
+
+
+def test_a_tp_group_straddling_two_nodes_is_refused() -> None:
+    inputs = _inputs(
+        "model.n_heads=6",
+        "model.hidden_size=192",
+        "cluster.num_gpus=12",
+        "training.global_batch_size=24",
+    )
+    with pytest.raises(ConfigError, match=r"run\.tp: must divide the 4 GPUs of a node"):
+        layout_of(inputs, RunConfig(tp=3, pp=1, dp=4, micro_batch_size=1))
+    layout_of(inputs, RunConfig(tp=2, pp=1, dp=6, micro_batch_size=1))  # divides 4: fine
