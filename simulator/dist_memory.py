@@ -13,11 +13,14 @@ Activations per layer and micro-batch (Korthikanti et al. 2022, eq. 2 and sectio
 with ffn/4h and are 24 for SwiGLU, and a MoE layer routing each token to ``k`` experts keeps
 them ``k`` times: `memory.parallel_units`):
 no recompute ``s*b*h*(10 + 24/t + 5as/(ht))`` (``34/t`` with sequence parallelism; the
-``5as/h`` score term vanishes with flash attention, `SimInputs.attention`),
+``5as/h`` score term vanishes with flash attention, `SimInputs.attention`, and its ``s`` is the
+whole sequence under cp: a rank's queries meet every key over the ring),
 selective recompute drops the score term, full recompute keeps only the layer input
 ``2*s*b*h`` (``/t`` with SP) plus one layer's full set while it is recomputed. The number of
 micro-batches in flight comes from the stage's schedule (`schedules.in_flight`). The last
-stage also holds fp32 logits. A fixed reserve covers the CUDA context and workspaces.
+stage also holds the loss's fp32 softmax (``4*s*b*v/t``) of each micro-batch in flight through
+its last chunk: one under 1F1B, all ``m`` under GPipe. A fixed reserve covers the CUDA context
+and workspaces.
 """
 
 from __future__ import annotations
@@ -55,7 +58,9 @@ def layer_activation_bytes(inputs: SimInputs, layout: Layout, *, working: bool =
     run, m = layout.run, inputs.model
     s, b, h, t = inputs.seq_len // run.cp, run.micro_batch_size, m.hidden_size, run.tp
     par = parallel_units(m)  # attention's 8, the MLP's per expert of a token (MoE top-k)
-    scores = 0.0 if inputs.attention == "flash" else 5.0 * m.num_heads * s / (h * t)
+    # unfused scores: this rank's s = seq/cp queries against all seq keys (the cp ring steps'
+    # blocks are all kept for the backward)
+    scores = 0.0 if inputs.attention == "flash" else 5.0 * m.num_heads * inputs.seq_len / (h * t)
     sp = run.sequence_parallel
     recompute = "none" if working else run.recompute
     if recompute == "full":
@@ -117,7 +122,10 @@ def stage_memory(
         other += layer_activation_bytes(inputs, layout, working=True)
     if stage == run.pp - 1:
         tokens = run.micro_batch_size * inputs.seq_len // run.cp
-        other += 4.0 * tokens * inputs.model.vocab_size / run.tp
+        # the loss saves its fp32 softmax for the backward: once per micro-batch in flight
+        # through the last chunk (1F1B runs its backward next; GPipe holds all of them)
+        heads = layout.num_micro_batches if run.schedule == "gpipe" else 1
+        other += heads * 4.0 * tokens * inputs.model.vocab_size / run.tp
     total = weights + grads + optim + acts + other
     hbm = inputs.gpu.hbm_bytes
     fits = total <= hbm
