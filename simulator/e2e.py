@@ -21,7 +21,7 @@ from forecast.predict import LatencyModel, LatencyTable
 from forecast.stream import stream_table
 from simulator.memory import GIB, MemoryEstimate, estimate_memory
 from simulator.models import ModelSpec
-from simulator.opgraph import OpGraph, Phase, Workload, build_ops
+from simulator.opgraph import OpGraph, Phase, Workload, build_ops, on_gpu
 
 
 class Overheads(BaseModel):
@@ -101,7 +101,9 @@ def predict_run(
     *,
     overheads: Overheads = FITTED,
 ) -> E2EResult:
-    """Forecast one inference pass or training step (optimizer reported apart)."""
+    """Forecast one inference pass or training step (optimizer reported apart); Megatron's
+    flash attention falls back to its unfused attention where the GPU has none (`on_gpu`)."""
+    run = on_gpu(run, gpu)
     graph = build_ops(model, run)
     mem = estimate_memory(model, run, gpu)
     return graph_result(graph, gpu, latency_model, mem, overheads=overheads)

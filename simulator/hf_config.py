@@ -52,6 +52,7 @@ KEYS: dict[str, dict[str, str]] = {
         "ffn_hidden_size": "ffn_dim",
         "num_heads": "num_attention_heads",
         "max_positions": "max_position_embeddings",
+        "embed_dim": "word_embed_proj_dim",
     },
     "bert": {
         "num_layers": "num_hidden_layers",
@@ -126,10 +127,13 @@ def _gpt2(raw: Raw) -> Raw:
 
 def _opt(raw: Raw) -> Raw:
     c = _Config(raw, "opt")
+    h = c.int("hidden_size")
+    embed = c.int("embed_dim", h, null_ok=True)  # OPTConfig: null = hidden_size
     return {
         "architecture": "opt",
         "num_layers": c.int("num_layers"),
-        "hidden_size": c.int("hidden_size"),
+        "hidden_size": h,
+        "embed_dim": 0 if embed == h else embed,
         "ffn_hidden_size": c.int("ffn_hidden_size"),
         "num_heads": c.int("num_heads"),
         "vocab_size": c.int("vocab_size"),

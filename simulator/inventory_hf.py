@@ -173,7 +173,9 @@ def bert(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
 
 
 def opt(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
-    """OPTForCausalLM: pre-norm, scaled q, three head-split copies, mask add + clamp, ReLU."""
+    """OPTForCausalLM: pre-norm, scaled q, three head-split copies, mask add + clamp, ReLU;
+    a ``word_embed_proj_dim`` other than the hidden size adds ``project_in`` after the token
+    table and ``project_out`` before the head (OPT-350m)."""
     z = sizes(m, run)
     scores = z.scores
     layer = [
@@ -197,8 +199,12 @@ def opt(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
         r.linear("fc2", z.T, (z.F, z.H), z.dt),
         *_residual(z, "ffn"),
     ]
+    e = m.embed_width  # word_embed_proj_dim: projected to and from the hidden size
+    project_in = [r.linear("project_in", z.T, (e, z.H), z.dt, bias=False)] if e != z.H else []
+    project_out = [r.linear("project_out", z.T, (z.H, e), z.dt, bias=False)] if e != z.H else []
     embed = [
-        r.embedding("tokens", z.T, (z.V, z.H), z.dt),
+        r.embedding("tokens", z.T, (z.V, e), z.dt),
+        *project_in,
         *(r.memory(f"mask_{i}", "masked_fill", (z.B * z.S, z.S), z.dt) for i in range(5)),
         r.embedding("positions", z.T, (m.max_positions, z.H), z.dt),
         r.elementwise("add_pos", "add", (z.T, z.H), z.dt),
@@ -206,7 +212,8 @@ def opt(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     ]
     head = [
         r.layernorm("final_ln", z.T, z.H, z.dt),
-        r.tie(r.linear("lm_head", z.T, (z.H, z.V), z.dt, bias=False), m.tied_embeddings),
+        *project_out,
+        r.tie(r.linear("lm_head", z.T, (e, z.V), z.dt, bias=False), m.tied_embeddings),
     ]
     return (
         Block("embed", tuple(embed), host_ops=40),

@@ -2,13 +2,15 @@
 
 Fused kernels and how they are modelled with the forecaster's families:
 
-* fused layer norm / RMSNorm: one ``layernorm`` kernel (backward: the rule of `oprules`);
+* fused layer norm / RMSNorm: one ``layernorm`` kernel (backward: the rule of `oprules`); an
+  RMSNorm owns a weight and no bias;
 * flash attention: no ``S x S`` tensor in DRAM; forward = the two attention GEMMs (QK^T, AV)
   as ``bmm`` kernels, backward = five (recomputed QK^T, dV, dP, dQ, dK); with
   ``Workload.attention = "unfused"``, Megatron's ``CoreAttention`` before FlashAttention
   instead (`unfused_attention`): ``baddbmm`` QK^T, the fused scale-mask-softmax kernel (16-bit;
   fp32 falls back to ``masked_fill`` + eager softmax), attention dropout, ``bmm`` AV and the
-  head-merge copy, over ``b * a/t * s * s`` scores;
+  head-merge copy, over ``b * a/t * s * s`` scores; Megatron-LM runs it on GPUs without
+  FlashAttention-2 kernels, below sm80 (`opgraph.on_gpu`);
 * fused bias-GeLU / SwiGLU: one element-wise kernel over the FFN activations;
 * fused bias-dropout-add: one element-wise ``add``;
 * fused Adam: see `opgraph.optimizer_kernels`.
@@ -17,6 +19,7 @@ Fused kernels and how they are modelled with the forecaster's families:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from forecast.kernels import ITEMSIZE_BYTES, KernelSpec, OpFamily
 from simulator import oprules as r
@@ -51,6 +54,12 @@ def unfused_attention(z: Sizes) -> list[FrameworkOp]:
     return ops
 
 
+def _norm(name: str, m: ModelSpec, z: Sizes) -> FrameworkOp:
+    """Fused layer norm (weight and bias) or RMSNorm (weight only)."""
+    op = r.layernorm(name, z.T, z.H, z.dt)
+    return replace(op, params=op.params[:1]) if m.norm == "rmsnorm" else op
+
+
 def _ffn(m: ModelSpec, z: Sizes, rows: int) -> list[FrameworkOp]:
     bias = m.bias
     if m.activation == "swiglu":
@@ -82,25 +91,27 @@ def decoder(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
         ]
     attention = [flash_attention(z)] if run.attention == "flash" else unfused_attention(z)
     layer = [
-        r.layernorm("input_norm", z.T, z.H, z.dt),
+        _norm("input_norm", m, z),
         r.linear("qkv", z.T, (z.H, qkv), z.dt, bias=m.bias),
         *attention,
         r.linear("proj", z.T, (z.nh * z.d, z.H), z.dt, bias=m.bias),
         r.elementwise("bias_dropout_add", "add", (z.T, z.H), z.dt),
-        r.layernorm("post_norm", z.T, z.H, z.dt),
+        _norm("post_norm", m, z),
         *ffn,
         r.elementwise("bias_dropout_add_2", "add", (z.T, z.H), z.dt),
     ]
-    embed = [r.embedding("tokens", z.T, (z.V, z.H), z.dt)]
+    e = m.embed_width  # OPT's word_embed_proj_dim: projected to and from the hidden size
+    embed = [r.embedding("tokens", z.T, (z.V, e), z.dt)]
+    head = [_norm("final_norm", m, z)]
+    if e != z.H:
+        embed.append(r.linear("project_in", z.T, (e, z.H), z.dt, bias=False))
+        head.append(r.linear("project_out", z.T, (z.H, e), z.dt, bias=False))
     if m.position == "learned":  # GPT/BERT/OPT: word + position embeddings (rotary: none)
         embed += [
             r.embedding("positions", z.S, (m.max_positions, z.H), z.dt),
             r.elementwise("add_positions", "add", (z.T, z.H), z.dt),
         ]
-    head = [
-        r.layernorm("final_norm", z.T, z.H, z.dt),
-        r.tie(r.linear("output", z.T, (z.H, z.V), z.dt, bias=False), m.tied_embeddings),
-    ]
+    head.append(r.tie(r.linear("output", z.T, (e, z.V), z.dt, bias=False), m.tied_embeddings))
     return (
         Block("embed", tuple(embed)),
         Block("layer", tuple(layer), m.num_layers),

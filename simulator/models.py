@@ -50,6 +50,12 @@ class ModelSpec(BaseModel):
     num_kv_heads: int = Field(default=0, ge=0, description="0 = num_heads (no GQA)")
     head_dim: int = Field(default=0, ge=0, description="0 = hidden_size / num_heads")
     vocab_size: int = Field(gt=0)
+    embed_dim: int = Field(
+        default=0,
+        ge=0,
+        description="token table and output head width, projected to and from the hidden size "
+        "when it differs (OPT's word_embed_proj_dim, opt only); 0 = hidden_size",
+    )
     max_positions: int = Field(default=2048, gt=0)
     activation: Activation = "gelu"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
@@ -83,6 +89,12 @@ class ModelSpec(BaseModel):
                 f"{self.moe_every}: only Switch models alternate dense and expert layers here; "
                 f"{self.architecture} models put experts in every layer: use moe_every = 1",
             )
+        if self.embed_dim not in (0, h) and self.architecture != "opt":
+            raise ShapeError(
+                "embed_dim",
+                f"{self.embed_dim} differs from the hidden size {h}: only OPT models project "
+                f"their embeddings here; use embed_dim = 0",
+            )
         if self.experts_per_token > self.num_experts:
             raise ShapeError(
                 "experts_per_token",
@@ -102,6 +114,11 @@ class ModelSpec(BaseModel):
     def kv_heads(self) -> int:
         """Key/value heads (grouped-query attention when below num_heads)."""
         return self.num_kv_heads or self.num_heads
+
+    @property
+    def embed_width(self) -> int:
+        """Width of the token table and the output head."""
+        return self.embed_dim or self.hidden_size
 
     @property
     def dhead(self) -> int:
@@ -161,12 +178,14 @@ class ModelSpec(BaseModel):
         enc = self._stack_params(self.num_encoder_layers, cross=False)
         norm = (2 if self.norm == "layernorm" else 1) * self.hidden_size
         total = dec + enc + norm * (2 if self.num_encoder_layers else 1)
+        if self.embed_width != self.hidden_size:  # OPT's project_in and project_out, no bias
+            total += 2 * self.embed_width * self.hidden_size
         if embeddings:
-            total += self.vocab_size * self.hidden_size
+            total += self.vocab_size * self.embed_width
             if self.position == "learned":
                 total += self.max_positions * self.hidden_size
             if not self.tied_embeddings:
-                total += self.vocab_size * self.hidden_size
+                total += self.vocab_size * self.embed_width
         return total
 
     def _stack_params(self, layers: int, *, cross: bool) -> int:

@@ -22,6 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from forecast.gpus import GPUSpec
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from simulator.errors import ConfigError
 from simulator.models import ModelSpec
@@ -54,8 +55,18 @@ class Workload(BaseModel):
     framework: Framework = "hf-eager"
     dtype: Dtype = Dtype.FP32
     # ``megatron`` only (HF eager is always unfused): FlashAttention, or Megatron's
-    # ``CoreAttention`` before it (`inventory_megatron.unfused_attention`).
+    # ``CoreAttention`` before it (`inventory_megatron.unfused_attention`). Left out: flash
+    # for 16- and 8-bit dtypes, unfused for fp32/tf32 (FlashAttention has no fp32 kernels),
+    # as a scenario's ``attention = "auto"``; `on_gpu` drops flash where the GPU has none.
     attention: Literal["flash", "unfused"] = "flash"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_attention(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("attention") is None:
+            wide = str(data.get("dtype", Dtype.FP32)) in (Dtype.FP32, Dtype.TF32)
+            return {**data, "attention": "unfused" if wide else "flash"}
+        return data
 
     @model_validator(mode="after")
     def _bounded(self) -> Workload:
@@ -70,6 +81,33 @@ class Workload(BaseModel):
     def tokens(self) -> int:
         """Tokens per forward pass."""
         return self.batch * self.seq
+
+
+# AMD ISAs with FlashAttention-2 kernels (ROCm's composable-kernel backend: MI200, MI300)
+FLASH_ATTENTION_AMD_ISAS = frozenset({"gfx90a", "gfx942", "gfx950"})
+
+
+def has_flash_attention(gpu: GPUSpec) -> bool:
+    """Whether FlashAttention-2 runs on ``gpu``: NVIDIA compute capability 8.0 or newer
+    (Ampere, Ada, Hopper, Blackwell; not Volta, Turing or Pascal), or an AMD ISA of
+    `FLASH_ATTENTION_AMD_ISAS`. A GPU the catalog does not know (``"unknown"``, a bare
+    device sheet) is given the benefit of the doubt."""
+    cc = gpu.compute_capability
+    if cc.startswith("gfx"):
+        return cc in FLASH_ATTENTION_AMD_ISAS
+    try:
+        return int(cc.split(".")[0]) >= 8
+    except ValueError:
+        return True
+
+
+def on_gpu(run: Workload, gpu: GPUSpec) -> Workload:
+    """``run`` as it runs on ``gpu``: Megatron-LM falls back from FlashAttention to its
+    unfused ``CoreAttention`` (fused scale-mask-softmax) where FlashAttention-2 has no
+    kernels (`has_flash_attention`)."""
+    if run.framework == "megatron" and run.attention == "flash" and not has_flash_attention(gpu):
+        return run.model_copy(update={"attention": "unfused"})
+    return run
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from forecast.gpus import GPUError, GPUSpec, load_gpu
 from forecast.kernels import Dtype
 from simulator.errors import ConfigError
 from simulator.models import ModelSpec, load_model
-from simulator.opgraph import MAX_TOKENS
+from simulator.opgraph import MAX_TOKENS, has_flash_attention
 from simulator.parallel import RunConfig
 from topologies import Cluster, ClusterSpec, TopologyError, load_network, load_server
 
@@ -287,12 +287,21 @@ def resolve_cluster(c: ClusterSection, base_dir: str = ".") -> Cluster:
     return Cluster(ClusterSpec(server=server, network=net, num_nodes=nodes))
 
 
-def resolve_attention(t: TrainingSection) -> Attention:
-    """The attention implementation a training section runs (see `TrainingSection`)."""
+def resolve_attention(t: TrainingSection, gpu: GPUSpec) -> Attention:
+    """The attention implementation a training section runs on ``gpu`` (see
+    `TrainingSection`): ``auto`` is unfused where FlashAttention-2 has no kernels
+    (`opgraph.has_flash_attention`: below sm80, MI100), and ``flash`` there is refused."""
     if t.framework == "hf-eager":
         return "unfused"
+    flash_ok = has_flash_attention(gpu)
     if t.attention == "auto":
-        return "unfused" if t.dtype in (Dtype.FP32, Dtype.TF32) else "flash"
+        return "unfused" if t.dtype in (Dtype.FP32, Dtype.TF32) or not flash_ok else "flash"
+    if t.attention == "flash" and not flash_ok:
+        raise ConfigError(
+            f"training.attention: flash, but FlashAttention-2 has no kernels for {gpu.name} "
+            f"(compute capability {gpu.compute_capability}; it needs 8.0+ or AMD gfx90a/gfx942): "
+            "use auto or unfused"
+        )
     return t.attention
 
 
@@ -328,5 +337,5 @@ def resolve(s: Scenario) -> SimInputs:
         dtype=s.training.dtype,
         framework=s.training.framework,
         latency_model=s.training.latency_model,
-        attention=resolve_attention(s.training),
+        attention=resolve_attention(s.training, gpu),
     )
