@@ -58,7 +58,8 @@ def forward_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[float, floa
         (model.num_layers - moe) + moe * model.experts_per_token
     )
     attention = model.num_layers * 4.0 * seq_len * qd
-    return weights, attention, 2.0 * h * model.vocab_size
+    e = model.embed_width  # OPT's word_embed_proj_dim: the head is e wide, projected in and out
+    return weights, attention, 2.0 * e * model.vocab_size + (4.0 * e * h if e != h else 0.0)
 
 
 @dataclass(frozen=True, slots=True)

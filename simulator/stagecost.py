@@ -287,14 +287,20 @@ def chunk_params(model: ModelSpec, run: RunConfig, layers: int, *, first: bool, 
 
 def end_tensors(model: ModelSpec, run: RunConfig, *, first: bool, last: bool) -> list[float]:
     """Elements of the tables one GPU holds beyond a chunk's layers: the vocabulary-parallel
-    embedding and learned positions on the first chunk, the head on the last unless it is the
-    tied embedding of the same GPU."""
-    table = model.vocab_size * model.hidden_size / run.tp
+    embedding and learned positions on the first chunk, the final norm and the head on the last
+    (the head unless it is the tied embedding of the same GPU); a table narrower or wider than
+    the layers (OPT's word_embed_proj_dim) brings its projection in (first) or out (last),
+    each whole."""
+    e, h = model.embed_width, model.hidden_size
+    table = model.vocab_size * e / run.tp
+    project = [float(e * h)] if e != h else []
     out: list[float] = []
     if first:
-        out.append(table)
+        out += [table, *project]
         if model.position == "learned":
-            out.append(float(model.max_positions * model.hidden_size))
-    if last and (run.pp > 1 or not model.tied_embeddings):
-        out.append(table)
+            out.append(float(model.max_positions * h))
+    if last:  # the final norm (replicated over tp), the projection out, the head
+        out += [float(h)] * (2 if model.norm == "layernorm" else 1) + project
+        if run.pp > 1 or not model.tied_embeddings:
+            out.append(table)
     return out

@@ -182,7 +182,8 @@ def test_zero3_gathers_only_modules_the_stage_holds() -> None:
     m = _tiny(*sets).model
     layer, table = m.layer_params(moe=False), 65536 * 256
     positions = m.max_positions * 256
-    params = [layer + table + positions, layer, layer, layer + table]
+    final_norm = 2 * 256  # held by the last stage
+    params = [layer + table + positions, layer, layer, layer + table + final_norm]
     gathered = [layer + table, layer, layer, layer + table]
     expect = [2 * (p / 2 + g) for p, g in zip(params, gathered, strict=True)]
     assert _zero_stage_weights(3, *sets) == pytest.approx(expect, rel=1e-6)
@@ -271,7 +272,8 @@ def test_deepspeed_2021_zero3_blocks_compute_on_every_tensor_collective(recomput
     m, group, cl = inputs.model, lay.dp_group, inputs.cluster
     tensors = m.layer_param_tensors(moe=False)
     table = m.vocab_size * m.hidden_size
-    ends = [table, m.max_positions * m.hidden_size]  # tied head: no second table
+    # tied head: no second table; the final layer norm's weight and bias
+    ends = [table, m.max_positions * m.hidden_size, m.hidden_size, m.hidden_size]
 
     def total(op: Op, itemsize: int) -> float:
         per_layer = sum(

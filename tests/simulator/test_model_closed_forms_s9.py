@@ -195,3 +195,22 @@ def test_predict_and_scenarios_fall_back_to_core_attention_below_sm80() -> None:
     assert resolve(load_scenario(tiny, overrides=sets)).attention == "unfused"
     with pytest.raises(ConfigError, match=r"^training\.attention: flash, but FlashAttention-2"):
         resolve(load_scenario(tiny, overrides=[*sets, "training.attention='flash'"]))
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_distributed_stages_hold_opts_projected_tables(pp: int) -> None:
+    """The distributed simulator's stages of OPT-350m hold its 512-wide table and both
+    projections and the final norm (tp 1: the stages add up to the model's parameters, tied table counted once at
+    pp 1 and on both ends at pp 2), and its head FLOPs are those of the 512-wide head."""
+    from simulator.parallel import RunConfig
+    from simulator.results import forward_flops_per_token
+    from simulator.stagecost import chunk_params
+
+    m = from_hf_config(OPT_350M, "opt-350m", "x.json")
+    run = RunConfig(tp=1, pp=pp, dp=1, micro_batch_size=1)
+    layers = m.num_layers // pp
+    held = sum(chunk_params(m, run, layers, first=s == 0, last=s == pp - 1) for s in range(pp))
+    copy = m.vocab_size * m.embed_width if pp > 1 else 0  # the tied table on the last stage
+    assert held == m.num_params() + copy
+    e, h = m.embed_width, m.hidden_size
+    assert forward_flops_per_token(m, 2048)[2] == 2.0 * e * m.vocab_size + 4.0 * e * h
