@@ -1,9 +1,16 @@
-"""What every figure of tilesim does last: lay out, write the PNG, free the figure."""
+"""What every figure of tilesim does last: lay out, write the file, free the figure. The same
+figure gives the same bytes in every format: no date (SVG, PDF, PostScript; a gzip time for
+SVGZ), SVG ids from a fixed salt instead of random ones."""
 
 from __future__ import annotations
 
+import gzip
+import io
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -15,6 +22,33 @@ import matplotlib.pyplot as plt
 from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.figure import Figure
 
+# dates matplotlib would stamp, per format (PostScript reads SOURCE_DATE_EPOCH instead)
+_NO_DATE = {"svg": {"Date": None}, "pdf": {"CreationDate": None, "ModDate": None}}
+
+
+@contextmanager
+def _reproducible(fmt: str) -> Iterator[None]:
+    """Fixed SVG ids, and PostScript's date at the epoch, while one figure is written."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    if fmt in ("ps", "eps"):
+        os.environ["SOURCE_DATE_EPOCH"] = epoch or "0"
+    try:
+        with plt.rc_context({"svg.hashsalt": "tilesim"}):
+            yield
+    finally:
+        if epoch is None:
+            os.environ.pop("SOURCE_DATE_EPOCH", None)
+
+
+def _write(fig: Figure, tmp: Path, fmt: str, dpi: int) -> None:
+    kind = "svg" if fmt == "svgz" else fmt
+    buf = io.BytesIO()
+    with _reproducible(kind):
+        meta: dict[str, Any] = {"metadata": _NO_DATE[kind]} if kind in _NO_DATE else {}
+        fig.savefig(buf, dpi=dpi, bbox_inches="tight", format=kind, **meta)
+    data = buf.getvalue()
+    tmp.write_bytes(gzip.compress(data, mtime=0) if fmt == "svgz" else data)
+
 
 def save_figure(fig: Figure, path: Path, *, dpi: int = 110) -> Path:
     """Write ``fig`` to ``path`` whole or not at all (its folder made if needed) and close it;
@@ -23,7 +57,7 @@ def save_figure(fig: Figure, path: Path, *, dpi: int = 110) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fmt = path.suffix.lstrip(".").lower()
-        write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format=fmt))
+        write_atomic(path, lambda tmp: _write(fig, tmp, fmt, dpi))
     except OSError as e:
         raise ConfigError(f"cannot write the figure {path}: {e.strerror or e}") from None
     finally:

@@ -10,7 +10,10 @@ tries those layouts again) and skips what is there, unless other code or other i
 (``progress.meta.json`` holds their fingerprint; an unreadable one also starts afresh). The
 final ``rows.jsonl`` and ``rows.parquet`` (``rows.csv`` without pyarrow) hold one row per
 layout, the simulated row where there is one, sorted by ``key``; they are written whole or
-not at all, and no row holds NaN or an infinity (JSON has neither).
+not at all, and no row holds NaN or an infinity (JSON has neither). A finished sweep leaves its
+log in one order (`ProgressLog.settle`: screen rows, then simulated ones, each by key), so the
+same sweep leaves the same bytes whether Ray workers returned rows in another order or it was
+interrupted and resumed.
 """
 
 from __future__ import annotations
@@ -74,6 +77,12 @@ RESULT_COLUMNS = (
     "error",
 )
 COLUMNS = LAYOUT_COLUMNS + RESULT_COLUMNS
+# Whole-number columns; the last two are null in screen rows, and a table column of numbers and
+# nulls became floats ("8.0" in rows.csv) in one sweep and stayed whole ("8") in another.
+INT_COLUMNS = (
+    *("num_gpus", "tp", "pp", "dp", "cp", "micro_batch_size", "virtual_stages", "zero_stage"),
+    *("num_micro_batches", "graph_nodes"),
+)
 SCREEN_COLUMNS = ("screen_iteration_s", "screen_tokens_per_s")
 PROGRESS = "progress.jsonl"
 
@@ -167,9 +176,21 @@ class ProgressLog:
         # memory, a fixed bug), as a fresh folder would, instead of reporting the old failure
         rows = [r for r in read_jsonl(self.path) if _is_logged_row(r) and r["status"] != "error"]
         self.done: dict[tuple[str, str], Row] = {(r["key"], r["tier"]): r for r in rows}
+        self._rewrite()
+
+    def _rewrite(self) -> None:
+        """Write the log as ``done`` holds it (whole or not at all), unless it already is."""
         text = "".join(dumps_row(r) for r in self.done.values())
         if not self.path.exists() or self.path.read_bytes() != text.encode():
             write_text_atomic(self.path, text)
+
+    def settle(self) -> None:
+        """Put the log in its one order, screen rows then simulated ones, each by key: rows
+        are appended as they arrive, so a Ray sweep's log (and a resumed one's) came out in
+        another order from run to run than the serial run's."""
+        order = sorted(self.done, key=lambda kt: (TIERS.index(kt[1]), kt[0]))
+        self.done = {kt: self.done[kt] for kt in order}
+        self._rewrite()
 
     def has(self, key: str, tier: str) -> bool:
         """True when this layout's row of this tier is already in the log."""
@@ -225,6 +246,7 @@ def write_rows(rows: list[Row], out_dir: Path) -> list[Path]:
     jsonl = out_dir / "rows.jsonl"
     write_text_atomic(jsonl, "".join(dumps_row(r) for r in rows))
     frame = pd.DataFrame(rows, columns=list(COLUMNS)).drop(columns=["error"])
+    frame = frame.astype(dict.fromkeys(INT_COLUMNS, "Int64"))  # whole numbers, nulls empty
     if importlib.util.find_spec("pyarrow") is not None:
         table = out_dir / "rows.parquet"
         write_atomic(table, lambda tmp: frame.to_parquet(tmp, index=False))

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from simulator.errors import ConfigError
-from simulator.rows import COLUMNS, LAYOUT_COLUMNS, STATUSES, TIERS, Row
+from simulator.rows import COLUMNS, INT_COLUMNS, LAYOUT_COLUMNS, STATUSES, TIERS, Row
 
 _TEXT = {"key", "option", "context", "gpu", "server", "network", "schedule", "recompute"}
 _FLAGS = {"sequence_parallel", "distributed_optimizer", "fits"}
 _COUNTS = {"num_gpus", "tp", "pp", "dp", "cp", "micro_batch_size", "virtual_stages"}
-_INTS = {*_COUNTS, "zero_stage", "num_micro_batches", "graph_nodes"}
+_INTS = set(INT_COLUMNS)
 # What the figures and the report read from a row of status ok, per tier.
 _OK_NEEDS = {
     "screen": ("screen_iteration_s", "screen_tokens_per_s", "memory_gib_per_gpu"),

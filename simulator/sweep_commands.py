@@ -266,6 +266,7 @@ def _run(
         top, per_context = args.candidates, args.per_context
         chosen = candidate_points(space.points, screened, shared, top=top, per_context=per_context)
         _tier(args, log, "simulate", chosen, shared)
+    log.settle()  # one order whatever order the rows arrived in
     return log, chosen
 
 
