@@ -4,7 +4,10 @@ GEMM (bmm, linear) in tf32/fp16/bf16/fp8, the way CUTLASS/cuBLAS kernels run the
 
 * the output is cut into CTA tiles (``TILES``: 256x128 ... 64x64), one CTA per SM at a
   time; the reduction is walked in k-tiles of 64 bytes (Ampere) or 128 bytes (Hopper and
-  later) a row, so K is rounded up to a k-tile; small outputs may split K (2 or 4 ways);
+  later) a row, so K is rounded up to a k-tile; a narrow dtype may also take a wider one's
+  depth in elements where that is whole MMAs (fp8 on Hopper: 128, 64 or 32), so a short
+  reduction is not padded further than in bf16 or tf32, which made it slower than those
+  (H200 bmm 8,8192,1,257: fp8 4% over bf16); small outputs may split K (2 or 4 ways);
 * waves = ceil(CTAs / SMs): a partial last wave costs a whole wave (wave quantisation);
 * a CTA's main loop runs at ``peak / SMs x level x tile_efficiency``: ``level`` is the
   achieved fraction of the catalog's dense peak, smaller tiles re-read more operands per
@@ -53,6 +56,7 @@ TILES = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
 SPLITS = (1, 2, 4)
 FP8_PROMOTION_ELEMS = 128  # CUTLASS sm90 FP8 mma_promotion_interval (4 MMAs of k=32)
 SPLIT_ACC_BYTES = 4  # split-K partials are fp32
+MMA_K_BYTES = 32.0  # one MMA's reduction depth: k = 8 tf32, 16 fp16/bf16, 32 fp8 elements
 # Dense fp16/bf16 tensor FLOPs per clock per SM: A100 whitepaper (1024 FMA/clk/SM); H100
 # whitepaper (2x A100 per SM, clock for clock). Unknown architectures use the boost clock.
 MMA_FLOPS_PER_CLK_PER_SM = {"8.0": 2048.0, "9.0": 4096.0}
@@ -143,9 +147,16 @@ def _combine_s(compute_s: F64, memory_s: F64, params: TCParams) -> F64:
     return np.asarray(pnorm((compute_s, memory_s), params.overlap_exponent), dtype=np.float64)
 
 
+def k_tiles(shape: GemmShape, gpu: GPUSpec) -> list[F64]:
+    """Reduction depths (elements) a k-tile may have: the arch's bytes per row over the
+    itemsize, or the depth of a wider dtype's kernels where that is whole MMAs (32 bytes)."""
+    row_bytes = 128.0 if _is_hopper_or_later(gpu) else 64.0
+    mma_k = MMA_K_BYTES / shape.itemsize
+    return [np.maximum(row_bytes / np.maximum(w, shape.itemsize), mma_k) for w in (1.0, 2.0, 4.0)]
+
+
 def gemm_latency_s(shape: GemmShape, gpu: GPUSpec, params: TCParams) -> F64:
-    """Seconds of each GEMM at its fastest (tile, split-K) choice."""
-    k_tile = (128.0 if _is_hopper_or_later(gpu) else 64.0) / shape.itemsize
+    """Seconds of each GEMM at its fastest (tile, split-K, k-tile) choice."""
     pen = params.small_tile_penalty
     bw = gpu.hbm_bw_bytes_per_s * params.hbm_efficiency
     best = np.full(len(shape.rows), np.inf)
@@ -153,7 +164,9 @@ def gemm_latency_s(shape: GemmShape, gpu: GPUSpec, params: TCParams) -> F64:
         eff = (1.0 + pen * (64 / 256 + 64 / 128)) / (1.0 + pen * (64 / tm + 64 / tn))
         for split in SPLITS:
             ctas = shape.batch * np.ceil(shape.rows / tm) * np.ceil(shape.cols / tn) * split
-            k_len = np.ceil(shape.red / split / k_tile) * k_tile
+            k_len = np.minimum.reduce(
+                [np.ceil(shape.red / split / kt) * kt for kt in k_tiles(shape, gpu)]
+            )
             tile_cycles = 2.0 * tm * tn * k_len / (shape.flops_per_clk * eff)
             waves = np.ceil(ctas / gpu.num_sms)
             compute_s = waves * (tile_cycles + params.tile_overhead_cycles) / gpu.boost_clock_hz
