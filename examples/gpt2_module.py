@@ -3,7 +3,8 @@
 Token and position embeddings, pre-LN blocks (one fused qkv projection, causal
 ``masked_fill``, softmax, ``GELU(approximate="tanh")`` MLP), a final layer norm and an
 untied ``lm_head`` without bias. The sizes default to GPT-2 medium; ``build(batch, seq)``
-returns the module and its inputs (tilesim calls it under ``torch.device("meta")``).
+returns the module and its inputs (tilesim calls it under ``torch.device("meta")``). ``seq``
+may not exceed the position table (1024; 256 for ``build_small``): the forward fails otherwise.
 """
 
 from __future__ import annotations
@@ -101,5 +102,5 @@ def build(
 
 
 def build_small(batch: int, seq: int) -> tuple[nn.Module, tuple[torch.Tensor]]:
-    """A 2-layer, 128-wide variant (tests, quick looks)."""
+    """A 2-layer, 128-wide variant (tests, quick looks); ``seq`` at most 256."""
     return build(batch, seq, GPT2Config(layers=2, hidden=128, heads=4, vocab=1000, positions=256))
