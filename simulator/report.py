@@ -147,18 +147,33 @@ def _reasons(rows: Sequence[Row]) -> str:
 
 
 def markdown_report(
-    rows: Sequence[Row], *, title: str, pruned: int, k: int = 10, by: str = "tokens"
+    rows: Sequence[Row],
+    *,
+    title: str,
+    pruned: Sequence[tuple[str, int, str]],
+    k: int = 10,
+    by: str = "tokens",
 ) -> str:
-    """The sweep's report: counts, top K, best per cluster option, screen accuracy, errors."""
+    """The sweep's report: counts, top K, best per cluster option, screen accuracy, errors;
+    ``pruned``: (rule, layouts, the first one's reason) of the layouts pruned before screening
+    (`space.Space.pruned_by`)."""
     n = counts(rows)
+    n_pruned = sum(c for _, c, _ in pruned)
+    by_rule = [f"* {c} by `{rule}`: {why}" for rule, c, why in pruned]
     err = screen_error(rows)
     shown = min(k, len(rank(rows, by)))
     parts = [
         f"# Sweep: {title}",
-        f"{n['layouts'] + pruned} layouts enumerated; {pruned} pruned as invalid or duplicate; "
+        f"{n['layouts'] + n_pruned} layouts enumerated; {n_pruned} pruned as invalid or duplicate; "
         f"{n['layouts']} screened in closed form; {n['infeasible']} do not fit in memory; "
         f"{n['simulated']} simulated with the execution graph; {n['errors']} errors. "
         f"Ranked by {RANKING_NAMES[by]} (simulated layouts only).",
+        *(
+            ["Pruned before screening, by rule (with the first pruned layout's reason):"]
+            if by_rule
+            else []
+        ),
+        *(["\n".join(by_rule)] if by_rule else []),
         f"## Top {shown}",
         top_table(rows, k=k, by=by),
         "## Best layout per cluster option",

@@ -119,9 +119,13 @@ class Space:
     points: tuple[Point, ...]
     pruned: int
     train_tokens: float | None
-    # (rule, layouts) pruned by it, most first: "duplicate", "sizes" (`_cheap_ok`: GPUs or batch
-    # do not divide, or ZeRO at dp 1), else the key a `ConfigError` names ("run.virtual_stages")
-    pruned_by: tuple[tuple[str, int], ...] = ()
+    # (rule, layouts pruned by it, the first one's reason), most first: "duplicate", "sizes"
+    # (`_cheap_ok`), else the key a `ConfigError` names ("run.virtual_stages")
+    pruned_by: tuple[tuple[str, int, str], ...] = ()
+
+    def pruned_text(self) -> str:
+        """The pruned layouts by rule, one clause each, for a message or the report."""
+        return "; ".join(f"{n} by {rule} ({why})" for rule, n, why in self.pruned_by)
 
 
 def shipped_scenarios() -> list[str]:
@@ -310,6 +314,12 @@ def enumerate_space(scenario: Scenario) -> Space:
     contexts = _contexts(scenario)
     points: list[Point] = []
     why: Counter[str] = Counter()
+    example: dict[str, str] = {
+        "duplicate": "the same layout as another: sequence parallelism at tp 1, ZeRO at dp 1, "
+        "a pipeline schedule at pp 1",
+        "sizes": "tp*pp*cp does not divide the GPUs, the global batch is not a multiple of "
+        "dp x micro-batch, or ZeRO over one data-parallel rank",
+    }
     for ci, ctx in enumerate(contexts):
         for combo in itertools.product(*grid):
             p = dict(zip(RUN_KEYS, combo, strict=True))
@@ -322,7 +332,9 @@ def enumerate_space(scenario: Scenario) -> Space:
             try:
                 layout = layout_of(ctx.inputs, scenario.run.model_copy(update=p))
             except ConfigError as e:
-                why[str(e).split(":", 1)[0]] += 1
+                rule, _, reason = str(e).partition(": ")
+                why[rule] += 1
+                example.setdefault(rule, reason)
                 continue
             points.append(Point(context=ci, **(p | {"dp": layout.dp})))
     return Space(
@@ -330,7 +342,10 @@ def enumerate_space(scenario: Scenario) -> Space:
         points=tuple(sorted(points, key=_sort_key)),
         pruned=sum(why.values()),
         train_tokens=_train_tokens(scenario),
-        pruned_by=tuple(sorted(why.items(), key=lambda kv: (-kv[1], kv[0]))),
+        pruned_by=tuple(
+            (rule, n, example[rule])
+            for rule, n in sorted(why.items(), key=lambda kv: (-kv[1], kv[0]))
+        ),
     )
 
 

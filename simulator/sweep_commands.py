@@ -145,6 +145,7 @@ def _write_resolved(scenario: Scenario, space: Space, out: Path, rank: str) -> N
         "contexts": contexts,
         "layouts": len(space.points),
         "pruned": space.pruned,
+        "pruned_by": {rule: n for rule, n, _ in space.pruned_by},
         "rank": rank,  # `tilesim plot DIR` redraws with the sweep's own ranking
     }
     text = json.dumps(resolved, indent=1, allow_nan=False) + "\n"
@@ -214,7 +215,10 @@ def _sweep(args: argparse.Namespace) -> int:
         scenario = load_scenario(find_scenario(args.scenario), overrides=tuple(args.overrides))
         space = enumerate_space(scenario)
         if not space.points:
-            raise InfeasibleConfig(f"no valid layout in the sweep ({space.pruned} pruned)")
+            raise InfeasibleConfig(
+                f"no valid layout in the sweep ({space.pruned} pruned: {space.pruned_text()}); "
+                "widen the [sweep] lists"
+            )
         _check_ranking(args.rank, space)
         # tokens per micro-batch depend on its size and cp alone: one layout of each pair
         first: dict[tuple[int, int], Point] = {}
@@ -323,7 +327,7 @@ def _finish(
     rows = final_rows(log, screened=screened, simulated=simulated)
     written = write_rows(rows, out)
     report = markdown_report(
-        rows, title=scenario.study.name, pruned=space.pruned, k=args.top, by=args.rank
+        rows, title=scenario.study.name, pruned=space.pruned_by, k=args.top, by=args.rank
     )
     write_text_atomic(out / "report.md", report)
     from simulator.plots import plot_all  # matplotlib only when figures are drawn

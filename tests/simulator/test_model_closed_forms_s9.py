@@ -199,9 +199,10 @@ def test_predict_and_scenarios_fall_back_to_core_attention_below_sm80() -> None:
 
 @pytest.mark.parametrize("pp", [1, 2])
 def test_distributed_stages_hold_opts_projected_tables(pp: int) -> None:
-    """The distributed simulator's stages of OPT-350m hold its 512-wide table and both
-    projections and the final norm (tp 1: the stages add up to the model's parameters, tied table counted once at
-    pp 1 and on both ends at pp 2), and its head FLOPs are those of the 512-wide head."""
+    """The distributed simulator's stages of OPT-350m hold its 512-wide table, both
+    projections and the final norm (tp 1: the stages add up to the model's parameters, the
+    tied table counted once at pp 1 and on both ends at pp 2), and its head FLOPs are those
+    of the 512-wide head."""
     from simulator.parallel import RunConfig
     from simulator.results import forward_flops_per_token
     from simulator.stagecost import chunk_params

@@ -79,8 +79,10 @@ def test_sweep_prunes_uneven_interleaved_splits_by_rule() -> None:
     sets = (*SIX, "sweep.schedule=['1f1b-interleaved']", "sweep.virtual_stages=[2, 3]")
     space = enumerate_space(load_scenario(TINY, overrides=(*sets, "sweep.pp=[2]")))
     assert {p.virtual_stages for p in space.points} == {3}
-    assert dict(space.pruned_by)["run.virtual_stages"] > 0
-    assert sum(n for _, n in space.pruned_by) == space.pruned
+    by_rule = {rule: (n, why) for rule, n, why in space.pruned_by}
+    assert by_rule["run.virtual_stages"][0] > 0
+    assert "divisible by pp*virtual_stages" in by_rule["run.virtual_stages"][1]
+    assert sum(n for _, n, _ in space.pruned_by) == space.pruned
 
 
 # --- closed forms with free communication --------------------------------------------------

@@ -120,7 +120,7 @@ def test_the_pareto_front_is_drawn_per_cluster(monkeypatch: pytest.MonkeyPatch) 
 
 def test_report_heading_counts_the_rows_shown() -> None:
     rows = [_row("a", 8, 1e5), _row("b", 8, 2e5)]
-    report = markdown_report(rows, title="t", pruned=0, k=10)
+    report = markdown_report(rows, title="t", pruned=(), k=10)
     assert "## Top 2\n" in report and "## Top 10" not in report
     assert "Ranked by tokens/s (simulated layouts only)" in report
 

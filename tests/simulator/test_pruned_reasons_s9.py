@@ -1,0 +1,38 @@
+"""A sweep says why it pruned layouts: by rule, with the first pruned layout's reason, in the
+error when nothing is left, in the report and in scenario.resolved.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from simulator.cli import main
+
+
+def test_nothing_left_names_the_rules(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["sweep", "tiny-gpt-8gpu", "--serial", "--out", str(tmp_path / "o")]
+    assert main([*args, "--set", "sweep.tp=[3]"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "no valid layout in the sweep (32 pruned: 24 by sizes (tp*pp*cp does not divide" in err
+    assert "8 by duplicate (" in err and not (tmp_path / "o").exists()
+
+
+def test_report_and_resolved_scenario_list_the_rules(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "o"
+    sets = ["model.n_layers=6", "sweep.schedule=['1f1b','1f1b-interleaved']"]
+    sets += ["sweep.virtual_stages=[1,2]", "sweep.micro_batch_size=[1]"]
+    args = ["sweep", "tiny-gpt-8gpu", "--serial", "--out", str(out), "--candidates", "2"]
+    assert main([*args, *(x for s in sets for x in ("--set", s))]) == 0
+    capsys.readouterr()
+    resolved = json.loads((out / "scenario.resolved.json").read_text())
+    by_rule = resolved["pruned_by"]
+    assert sum(by_rule.values()) == resolved["pruned"] and by_rule["run.virtual_stages"] > 0
+    report = (out / "report.md").read_text()
+    for rule, n in by_rule.items():
+        assert f"* {n} by `{rule}`: " in report
+    assert "by `run.virtual_stages`: > 1 needs schedule = 1f1b-interleaved" in report
