@@ -59,15 +59,30 @@ def add_sweep_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument(
         "--address", help="join a Ray cluster: HOST:PORT, auto or ray://HOST:PORT (default: local)"
     )
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="local Ray CPUs")
-    p.add_argument("--serial", action="store_true", help="no Ray; identical rows")
-    p.add_argument("--top", type=int, default=10, help="rows in the printed ranking")
-    p.add_argument("--rank", default="tokens", choices=sorted(RANKINGS), help="ranking")
     p.add_argument(
-        "--candidates", type=int, default=TOP_CANDIDATES, help="layouts simulated in full"
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 2,
+        help="local Ray CPUs (default: this machine's, %(default)s)",
+    )
+    p.add_argument("--serial", action="store_true", help="no Ray; identical rows")
+    p.add_argument(
+        "--top", type=int, default=10, help="rows in the printed ranking (default: %(default)s)"
     )
     p.add_argument(
-        "--per-context", type=int, default=PER_CONTEXT, help="also simulate N per cluster"
+        "--rank", default="tokens", choices=sorted(RANKINGS), help="ranking (default: %(default)s)"
+    )
+    p.add_argument(
+        "--candidates",
+        type=int,
+        default=TOP_CANDIDATES,
+        help="layouts the screen rates fastest simulated in full (default: %(default)s)",
+    )
+    p.add_argument(
+        "--per-context",
+        type=int,
+        default=PER_CONTEXT,
+        help="also simulate the N fastest of each cluster size and option (default: %(default)s)",
     )
     p.add_argument("--set", dest="overrides", action="append", default=[], help="TABLE.KEY=V")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
