@@ -168,6 +168,7 @@ def plot_procurement(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> 
         unit, scale = _unit(raw, units)
         values = [None if v is None else v * scale for v in raw]
         bars = ax.barh(labels, [v or 0.0 for v in values], color=color)
+        ax.invert_yaxis()  # top to bottom in the report table's order
         texts = [lacks if v is None else amount_text(v) for v in values]
         ax.bar_label(bars, labels=texts, fontsize=8, padding=2)
         ax.set_xlabel(f"{what}, {unit}")
