@@ -15,7 +15,7 @@ from forecast.dataset import DataError, default_data_dir, load_measurements
 from forecast.evaluate import NO_ROWS, neusight_test_rows, score, unseen_errors, validate
 from forecast.files import write_text_atomic
 from forecast.gpus import load_gpu
-from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, resolve_op
+from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, OpFamily, resolve_op
 from forecast.predict import LATENCY_MODELS, WEIGHTS_DIR, ModelError, load_latency_model
 from forecast.report import ReportError, update_readme, validation_markdown
 from forecast.tensor_core import TensorCoreError
@@ -95,11 +95,29 @@ def _parse_dims(text: str) -> tuple[int, ...]:
     return check_dims(dims, text)
 
 
+# what --dims holds per op: (count, form); no op pads a missing size with 1
+DIMS_FORM = {
+    "gemm": (3, "M,N,K (K the reduction)"),
+    "gemm-family": (4, "B,M,N,K (N the reduction; --op gemm takes M,N,K)"),
+    "attention": (4, "BH,S_q,S_kv,D"),
+    "vector": (2, "B,H"),
+}
+
+
+def _check_count(text: str, count: int, op: str, form: tuple[int, str]) -> None:
+    """Refuse ``--dims`` of the wrong length for ``op``, naming the form it takes."""
+    if count != form[0]:
+        raise ConfigError(
+            f"--dims {text!r}: --op {op} takes {form[0]} sizes {form[1]}, got {count}"
+        )
+
+
 def _kernel(args: argparse.Namespace) -> KernelSpec:
     if args.dtype not in {d.value for d in Dtype}:
         accepted = ", ".join(d.value for d in Dtype)
         raise ConfigError(f"--dtype {args.dtype!r}: use one of {accepted}")
     if args.op == "gemm":  # M,N,K with K the reduction -> bmm (1, M, K, N)
+        _check_count(args.dims, len(args.dims.split(",")), "gemm", DIMS_FORM["gemm"])
         return gemm_kernel(args.dims, args.dtype)
     try:
         family, op = resolve_op(args.op)
@@ -107,8 +125,14 @@ def _kernel(args: argparse.Namespace) -> KernelSpec:
         raise ConfigError(f"--op: {e}") from e
     dtype = Dtype(args.dtype)
     dims = _parse_dims(args.dims)
-    if family in GEMM_FAMILIES and len(dims) == 3:
-        dims = (1, *dims)  # linear M,N,K
+    form = (
+        DIMS_FORM["gemm-family"]
+        if family in GEMM_FAMILIES
+        else DIMS_FORM["attention"]
+        if family is OpFamily.ATTENTION
+        else DIMS_FORM["vector"]
+    )
+    _check_count(args.dims, len(dims), args.op, form)
     try:
         return KernelSpec(family, dims, dtype, op)
     except ValueError as e:

@@ -144,10 +144,16 @@ def _check_sizes(run: RunConfig, model: ModelSpec, num_gpus: int) -> int:
     _need(model.kv_heads % run.tp == 0, "run.tp", f"must divide n_kv_heads = {model.kv_heads}")
     per_replica = run.tp * run.cp * run.pp
     dp = run.dp or num_gpus // per_replica
+    fix = (
+        f"set run.dp = {num_gpus // per_replica} (or 0 to take the GPUs left over)"
+        if num_gpus % per_replica == 0
+        else f"tp*cp*pp = {per_replica} must divide it: change run.tp, run.cp or run.pp"
+    )
     _need(
         dp * per_replica == num_gpus,
         "run.dp",
-        f"tp*cp*pp*dp = {run.tp}*{run.cp}*{run.pp}*{dp} must equal cluster.num_gpus = {num_gpus}",
+        f"tp*cp*pp*dp = {run.tp}*{run.cp}*{run.pp}*{dp} must equal cluster.num_gpus = "
+        f"{num_gpus}; {fix}",
     )
     _need((dp * run.cp) % run.ep == 0, "run.ep", f"must divide dp*cp = {dp * run.cp}")
     _need(model.num_experts % run.ep == 0, "run.ep", "must divide the number of experts")

@@ -14,11 +14,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from forecast.gpus import GPUError, load_gpu
-from forecast.predict import LatencyModel, load_latency_model
+from forecast.predict import LatencyModel
 from forecast.report import check_readme, update_readme_tables
 from simulator.e2e import E2EResult, predict_run
 from simulator.e2e_tables import E2E_MARKERS, e2e_runs, e2e_tables
 from simulator.errors import ConfigError, path_arg
+from simulator.latency import DeratedRoofline, latency_model_for
 from simulator.models import DEFAULT_DATA_DIR, load_model
 from simulator.opgraph import Workload
 
@@ -40,7 +41,8 @@ def add_predict_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument(
         "--latency-model",
         default="auto",
-        help="auto (tile-mlp for fp32, tensor-core model otherwise) | tile-mlp | roofline",
+        help="auto (tile-mlp for fp32, tensor-core model otherwise) | tile-mlp | roofline | "
+        "roofline-derated (the roofline at sustained rates, as in scenarios)",
     )
     p.add_argument("--data", type=path_arg, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
     p.add_argument("--json", action="store_true", help="print JSON (one object per run)")
@@ -54,7 +56,13 @@ def add_predict_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     )
     e.add_argument("--data", type=path_arg, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
     e.add_argument("--markdown", action="store_true", help="print the README tables only")
-    e.add_argument("--readme", type=path_arg, default=None, help="rewrite the README's e2e table")
+    e.add_argument(
+        "--readme",
+        type=path_arg,
+        default=None,
+        help="rewrite the README's three e2e tables (per GPU, per op family, kernels measured "
+        "twice), all or none",
+    )
     e.add_argument("--plot", type=path_arg, default=None, help="draw predicted vs measured (PNG)")
     e.set_defaults(handler=_validate_e2e)
     from simulator.simulate_commands import add_validate_distributed
@@ -65,32 +73,50 @@ def add_predict_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
 RUN_KEYS = ("model", "gpu", "batch", "seq", "mode", "framework", "dtype")
 
 
-def _workload(fields: dict[str, Any]) -> Workload:
+# how to fix a missing or bad flag of one run (--runs lines name the JSON key instead)
+FLAG_FIX = {
+    "model": "a catalog id (tilesim list models), NeuSight model name, .toml or HF .json",
+    "gpu": "a catalog id (tilesim list gpus), device name, .toml or NeuSight device .json",
+    "batch": "sequences per pass, a whole number > 0",
+    "seq": "tokens per sequence, a whole number > 0",
+    "mode": "inf or train",
+}
+
+
+def _workload(fields: dict[str, Any], *, flags: bool = False) -> Workload:
+    """The run's `Workload`; a bad value names its flag (``flags``) or its JSON key."""
     try:
         return Workload.model_validate(fields)
     except ValidationError as e:
         first = e.errors()[0]
         msg = first["msg"].removeprefix("Value error, ")
-        raise ConfigError(f"field {first['loc'][0]!r}: {msg}" if first["loc"] else msg) from e
+        if not first["loc"]:
+            raise ConfigError(msg) from e
+        key = str(first["loc"][0])
+        if first["type"] == "greater_than":  # batch or seq 0 or below
+            msg = f"must be a whole number > 0, got {first['input']!r}"
+        raise ConfigError(f"--{key}: {msg}" if flags else f"field {key!r}: {msg}") from e
 
 
 WHOLE_MODEL_LATENCY = ("auto", "tile-mlp", "roofline")
+# and simulator/latency.py's roofline at sustained rates, as scenarios take it
+PREDICT_LATENCY = (*WHOLE_MODEL_LATENCY, DeratedRoofline.name)
 
 
 def _latency_model(kind: str) -> LatencyModel:
     """A latency model that covers every kernel of a model (`tensor-core` alone covers GEMMs
     and attention: it is for `kernels predict`, and `auto` uses it for those)."""
-    if kind not in WHOLE_MODEL_LATENCY:
+    if kind not in PREDICT_LATENCY:
         why = (
             "forecasts GEMMs and attention only, not a whole model's element-wise kernels"
             if kind == "tensor-core"
             else "is not a latency model"
         )
         raise ConfigError(
-            f"--latency-model {kind}: {why}; use {', '.join(WHOLE_MODEL_LATENCY)} "
+            f"--latency-model {kind}: {why}; use {', '.join(PREDICT_LATENCY)} "
             "(auto runs the tensor-core model where it applies)"
         )
-    return load_latency_model(kind)
+    return latency_model_for(kind)
 
 
 def _predict_module(args: argparse.Namespace) -> int:
@@ -107,7 +133,7 @@ def _predict_module(args: argparse.Namespace) -> int:
     missing = [f"--{k}" for k in ("gpu", "batch", "seq", "mode") if getattr(args, k) is None]
     if missing:
         raise ConfigError(f"--module needs {', '.join(missing)}")
-    run = _workload({"batch": args.batch, "seq": args.seq, "mode": args.mode})
+    run = _workload({"batch": args.batch, "seq": args.seq, "mode": args.mode}, flags=True)
     gpu = load_gpu(str(args.gpu))
     res, unmapped = predict_module(args.module, gpu, run, _latency_model(args.latency_model))
     if args.json:
@@ -120,14 +146,22 @@ def _predict_module(args: argparse.Namespace) -> int:
 
 
 def _run_one(
-    spec: dict[str, Any], args: argparse.Namespace, latency: LatencyModel | None = None
+    spec: dict[str, Any],
+    args: argparse.Namespace,
+    latency: LatencyModel | None = None,
+    *,
+    flags: bool = False,
 ) -> E2EResult:
+    """One run from its keys: the flags' values (``flags``: errors name the flag) or a
+    ``--runs`` line's (errors name the JSON key)."""
     unknown = set(spec) - set(RUN_KEYS)
     missing = [k for k in RUN_KEYS[:5] if spec.get(k) is None]
+    if flags and missing:
+        raise ConfigError("; ".join(f"--{k}: required ({FLAG_FIX[k]})" for k in missing))
     if unknown or missing:
         bad = f"unknown keys {sorted(unknown)}" if unknown else f"missing {', '.join(missing)}"
         raise ConfigError(f"run {bad}; keys: {', '.join(RUN_KEYS)}")
-    run = _workload({k: spec[k] for k in RUN_KEYS[2:] if spec.get(k) is not None})
+    run = _workload({k: spec[k] for k in RUN_KEYS[2:] if spec.get(k) is not None}, flags=flags)
     model = load_model(str(spec["model"]), data_dir=args.data)
     gpu = load_gpu(str(spec["gpu"]))
     return predict_run(model, gpu, run, latency or _latency_model(args.latency_model))
@@ -156,7 +190,7 @@ def _predict(args: argparse.Namespace) -> int:
         return _predict_module(args)
     if args.runs is None:
         spec = {k: getattr(args, k) for k in RUN_KEYS}
-        _print_result(_run_one(spec, args), as_json=args.json)
+        _print_result(_run_one(spec, args, flags=True), as_json=args.json)
         return 0
     return _predict_runs(args)
 

@@ -24,13 +24,16 @@ from simulator.errors import ConfigError, path_arg
 from simulator.models import DEFAULT_DATA_DIR
 from simulator.scenario import TrainingSection, check_tokens, load_scenario, resolve
 from simulator.simulate import latency_table, layout_of, simulate_timeline
+from simulator.space import find_scenario
 from simulator.trace import write_trace
 
 
 def add_simulate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``simulate``."""
     p = sub.add_parser("simulate", help="predict one distributed training step of a scenario")
-    p.add_argument("scenario", type=path_arg, help="scenario TOML file")
+    p.add_argument(
+        "scenario", type=path_arg, help="shipped id (scenarios/*.toml stem, _ as -) or TOML path"
+    )
     p.add_argument(
         "--set",
         dest="overrides",
@@ -65,7 +68,7 @@ DIST_END = "<!-- dist-validation:end -->"
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    scenario = load_scenario(args.scenario, overrides=tuple(args.overrides))
+    scenario = load_scenario(find_scenario(str(args.scenario)), overrides=tuple(args.overrides))
     inputs = resolve(scenario)
     layout_of(inputs, scenario.run)  # a layout the model cannot take: named before any work
     check_tokens(inputs.seq_len, scenario.run)
