@@ -14,8 +14,12 @@ Bytes per collective (nccl-tests size S; ``A = micro_batch * seq/cp * hidden * i
   Forward collectives block; in backward the column-parallel
   linears' collectives overlap their own GEMMs when ``tp_comm_overlap`` is set (`stepcosts`;
   ``tp_ar_s``/``tp_ag_s``/``tp_rs_s`` are one collective each).
-* CP (ring attention), per layer: all-gather of K and V forward, reduce-scatter of their
-  gradients backward; overlapped with the attention core, only the excess is exposed.
+* CP (ring attention, TransformerEngine's ``AttnFuncWithCPAndKVP2P``), per layer: K and V
+  circulate over the ``cp - 1`` ring steps forward (the bytes of an all-gather of them); a rank
+  saves only its own K and V, so backward circulates them again, in one buffer with the dK and
+  dV accumulated so far (a ring pass of twice the bytes: all-gather plus reduce-scatter);
+  overlapped with the attention core, only the excess is exposed. A recomputed attention core
+  (selective or full recompute) runs its forward ring again (`stepcosts`).
 * EP (MoE), per MoE layer: 2 all-to-alls of ``A * experts_per_token`` forward, 2 backward.
 * PP: one send-recv of ``A / tp`` per stage boundary and micro-batch, each direction (Megatron's
   scatter/gather optimisation: each TP rank sends one slice, then the receiving TP group
@@ -102,7 +106,7 @@ def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
         tp_head_fw_s=ag if sp else 0.0,
         tp_head_bw_s=rs if sp else ar,
         cp_fw_s=collective_s("all-gather", kv_bytes, layout.cp_group, cl),
-        cp_bw_s=collective_s("reduce-scatter", kv_bytes, layout.cp_group, cl),
+        cp_bw_s=collective_s("reduce-scatter", 2 * kv_bytes, layout.cp_group, cl),  # K,V + dK,dV
         ep_fw_s=ep,
         ep_bw_s=ep,
         pp_hop_s=max(

@@ -138,7 +138,8 @@ def _stage_mb_s(cache: ScreenCache, layout: Layout) -> list[float]:
     layer = bt.layer_fw_s + bt.layer_bw_s + redo + lc.tp_fw_s + tp_bw_exposed_s(bt, lc, run)
     layer += (lc.tp_fw_s + lc.ep_fw_s) if full else 0.0
     layer += lc.ep_fw_s + lc.ep_bw_s
-    layer += max(0.0, lc.cp_fw_s - bt.attention_fw_s)
+    cp_fw = max(0.0, lc.cp_fw_s - bt.attention_fw_s)  # again when the attention is recomputed
+    layer += cp_fw * (2 if run.recompute != "none" else 1)
     layer += max(0.0, lc.cp_bw_s - 2.5 * bt.attention_fw_s)
     pp, v = run.pp, layout.chunks
     out = []

@@ -2,7 +2,8 @@
 
 Per chunk of ``n`` layers and one micro-batch: forward = ``n`` layer forwards (+ embedding on
 the first virtual stage, + head on the last); backward = ``n`` layer backwards + recompute
-(full: the layer forward again, with its TP collectives; selective: the attention core).
+(full: the layer forward again, with its TP, EP and CP collectives; selective: the attention
+core, with its CP ring).
 
 Backward TP communication per layer (two column-parallel linears, attention and MLP): blocking,
 2 all-reduces (or 2 x all-gather + reduce-scatter with sequence parallelism); with
@@ -64,6 +65,9 @@ def _chunk_cost(
     bw = layers * (bt.layer_bw_s + recompute)
     bw += (bt.embed_bw_s if first else 0.0) + (bt.head_bw_s if last else 0.0)
     cp_bw_hidden = 2.5 * bt.attention_fw_s
+    cp_fw_exposed = max(0.0, lc.cp_fw_s - bt.attention_fw_s)
+    # a recomputed attention core (selective or full) runs its forward ring again
+    cp_redo = cp_fw_exposed if run.recompute != "none" else 0.0
     return ChunkCost(
         fw_compute_s=fw,
         bw_compute_s=bw,
@@ -72,8 +76,8 @@ def _chunk_cost(
         + _ends(first, last, lc.tp_embed_bw_s, lc.tp_head_bw_s),
         fw_ep_s=layers * lc.ep_fw_s,
         bw_ep_s=layers * (lc.ep_bw_s + (lc.ep_fw_s if full else 0.0)),
-        fw_cp_s=layers * max(0.0, lc.cp_fw_s - bt.attention_fw_s),
-        bw_cp_s=layers * max(0.0, lc.cp_bw_s - cp_bw_hidden),
+        fw_cp_s=layers * cp_fw_exposed,
+        bw_cp_s=layers * (max(0.0, lc.cp_bw_s - cp_bw_hidden) + cp_redo),
     )
 
 
