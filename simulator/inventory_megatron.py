@@ -86,7 +86,7 @@ def decoder(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
         ffn = [
             r.linear("router", z.T, (z.H, m.num_experts), z.dt, bias=False),
             r.memory("permute", "copy", (z.T * m.experts_per_token, z.H), z.dt, bw_op="copy"),
-            *(_ffn(m, z, rows) * m.num_experts),
+            *(_ffn(m, z, rows) * (m.local_experts or m.num_experts)),
             r.memory("unpermute", "copy", (z.T * m.experts_per_token, z.H), z.dt, bw_op="copy"),
         ]
     attention = [flash_attention(z)] if run.attention == "flash" else unfused_attention(z)

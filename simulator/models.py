@@ -64,6 +64,12 @@ class ModelSpec(BaseModel):
     tied_embeddings: bool = True
     num_experts: int = Field(default=1, gt=0)
     experts_per_token: int = Field(default=1, gt=0)
+    local_experts: int = Field(
+        default=0,
+        ge=0,
+        description="experts one expert-parallel shard holds (the simulator sets it: "
+        "num_experts / ep); 0 = num_experts",
+    )
     moe_every: int = Field(default=1, gt=0, description="every n-th layer is MoE")
     expert_capacity: int = Field(
         default=0, ge=0, description="max tokens per expert and sequence; 0 = no cap"
@@ -104,10 +110,13 @@ class ModelSpec(BaseModel):
         return self
 
     def expert_rows(self, tokens: int, sequences: int = 1) -> int:
-        """Tokens one expert processes under balanced routing: ``tokens`` in ``sequences``
+        """Tokens one expert processes under balanced routing (``tokens`` of this GPU: the
+        all-to-all brings an expert-parallel shard ``tokens x experts_per_token`` rows over
+        its `local_experts`): ``tokens`` in ``sequences``
         equal sequences, each capped at ``expert_capacity`` (HF Switch counts a token's place
         in its expert's queue along its own sequence: a cumsum over the sequence axis)."""
-        rows = max(1, tokens // sequences * self.experts_per_token // self.num_experts)
+        local = self.local_experts or self.num_experts  # after the all-to-all: a shard's share
+        rows = max(1, tokens // sequences * self.experts_per_token // local)
         return (min(rows, self.expert_capacity) if self.expert_capacity else rows) * sequences
 
     @property

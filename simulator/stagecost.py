@@ -116,7 +116,9 @@ def shard_model(model: ModelSpec, run: RunConfig) -> ModelSpec:
             "head_dim": model.dhead,
             "ffn_hidden_size": -(-model.ffn_hidden_size // tp),
             "vocab_size": -(-model.vocab_size // tp),
-            "num_experts": model.num_experts // run.ep,
+            # the router still scores all experts; the shard runs its own E/ep (one at ep = E:
+            # still an expert layer, routed and permuted, not a dense FFN)
+            "local_experts": model.num_experts // run.ep,
         }
     )
 

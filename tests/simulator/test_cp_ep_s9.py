@@ -111,3 +111,28 @@ def test_moe_all_to_all_bytes_closed_form(ep: int, tp: int) -> None:
     lc = layer_comm(inputs, lay)
     assert one > 0
     assert (lc.ep_fw_s, lc.ep_bw_s) == (2 * one, 2 * one)
+
+
+def test_every_expert_parallel_shard_runs_the_same_expert_work() -> None:
+    """8 experts, top 2: whatever ep, one GPU's MoE layer runs ``tokens x 2`` expert rows
+    through its E/ep experts, a router over all 8 experts and the permutes. At ep = 8 the shard
+    holds one expert: still an expert layer (it was priced as a dense FFN of ``tokens`` rows,
+    half the work, without router or permutes)."""
+    from forecast.kernels import OpFamily
+
+    sets = ("model.num_experts=8", "model.experts_per_token=2", "cluster.num_gpus=16")
+    inputs = _tiny(*sets)
+    m = inputs.model
+
+    def layer(ep: int) -> tuple[float, list[tuple[int, ...]]]:
+        run = RunConfig(tp=1, pp=1, cp=1, dp=0, ep=ep, micro_batch_size=1)
+        sk = shard_kernels(inputs, run)
+        flops = sum(k.flops() * n for k, n in sk.layer_fw)
+        gemms = sorted(k.dims for k, _ in sk.layer_fw if k.family is OpFamily.LINEAR)
+        return flops, gemms
+
+    flops = {ep: layer(ep)[0] for ep in (1, 2, 4, 8)}
+    assert flops[8] == pytest.approx(flops[1], rel=1e-3)
+    assert max(flops.values()) / min(flops.values()) < 1.001
+    router = (1, inputs.seq_len, m.hidden_size, m.num_experts)  # rows x h -> all 8 experts
+    assert any(g[1:] == router[1:] or g == router for g in layer(8)[1])
