@@ -168,7 +168,9 @@ def build_features(
         own = {
             "log2_rows": np.log2(dims[:, 0].astype(np.float64)),
             "log2_threads_per_block": np.log2(work.threads_per_block),
-            "reads_per_elem": total_bytes / (dims[:, 0] * dims[:, 1] * kernels[0].itemsize_bytes),
+            # in float: rows x width overflows int64 past 2^63 elements
+            "reads_per_elem": total_bytes
+            / (dims[:, 0].astype(np.float64) * dims[:, 1] * kernels[0].itemsize_bytes),
         }
     cols: dict[str, Any] = {
         **_common(gpu, work, compute, memory),
