@@ -205,34 +205,56 @@ def _predict_runs(args: argparse.Namespace) -> int:
             f"--runs takes each run's keys from its line; leave out {', '.join(flags)} "
             "(or put them in every line)"
         )
-    try:
-        lines = args.runs.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"--runs {args.runs}: cannot read it as UTF-8 JSONL ({e})") from None
-    if not any(line.strip() for line in lines):
+    try:  # bytes: a line that is not UTF-8 is that line's error, not the whole file's
+        raw = args.runs.read_bytes().splitlines()
+    except OSError as e:
+        raise ConfigError(f"--runs {args.runs}: cannot read it ({e.strerror or e})") from None
+    if not any(line.strip() for line in raw):
         raise ConfigError(f"--runs {args.runs}: no runs in it; give one JSON object per line")
+    if not any(_utf8(line) for line in raw if line.strip()):  # not a text file at all
+        raise ConfigError(f"--runs {args.runs}: cannot read it as UTF-8 JSONL (no line is UTF-8)")
     latency = _latency_model(args.latency_model)  # a bad --latency-model: once, exit 2
     failed: list[int] = []
-    for i, line in enumerate(lines, 1):
+    for i, line in enumerate(raw, 1):
         if not line.strip():
             continue
-        try:
-            spec = json.loads(line, object_pairs_hook=_unique_keys)
-            if not isinstance(spec, dict):
-                raise ConfigError("a run is a JSON object")
-            _print_result(_run_one(spec, args, latency), as_json=True)
-        except (json.JSONDecodeError, ConfigError, GPUError, ValueError) as e:
+        out = _run_line(line, args, latency)
+        if "error" in out:
             failed.append(i)
-            print(json.dumps({"line": i, "error": str(e).splitlines()[0]}))
-        except Exception as e:  # a bad line never stops the others; name what broke
-            failed.append(i)
-            print(json.dumps({"line": i, "error": f"{type(e).__name__}: {e}".splitlines()[0]}))
+            out = {"line": i, **out}
+        print(json.dumps(out))
     if failed:
-        runs = sum(1 for line in lines if line.strip())
+        runs = sum(1 for line in raw if line.strip())
         named = ", ".join(map(str, failed[:10])) + (", ..." if len(failed) > 10 else "")
         print(f"tilesim: {len(failed)} of {runs} runs failed: line {named}", file=sys.stderr)
         return 1
     return 0
+
+
+def _utf8(line: bytes) -> bool:
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _run_line(line: bytes, args: argparse.Namespace, latency: LatencyModel) -> dict[str, Any]:
+    """One ``--runs`` line's result, or ``{"error": ...}`` naming what is wrong with it (a bad
+    line never stops the others)."""
+    try:
+        spec = json.loads(line.decode("utf-8"), object_pairs_hook=_unique_keys)
+        if not isinstance(spec, dict):
+            raise ConfigError("a run is a JSON object")
+        return _run_one(spec, args, latency).model_dump()
+    except UnicodeDecodeError:
+        return {"error": "not UTF-8 text; write each run as UTF-8 JSON"}
+    except json.JSONDecodeError as e:
+        return {"error": f"not a JSON object: {e}"}
+    except (ConfigError, GPUError, ValueError) as e:
+        return {"error": str(e).splitlines()[0]}
+    except Exception as e:  # name what broke
+        return {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
 
 
 def _validate_e2e(args: argparse.Namespace) -> int:

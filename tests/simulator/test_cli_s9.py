@@ -132,3 +132,19 @@ def test_validate_e2e_readme_help_names_the_three_tables(
     """It said "the e2e table"; --readme rewrites the three (`e2e_tables.E2E_MARKERS`)."""
     assert main(["validate", "e2e", "--help"]) == 0
     assert "rewrite the README's three e2e tables" in " ".join(capsys.readouterr().out.split())
+
+
+def test_predict_runs_a_line_that_is_not_utf8_fails_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A line of bytes that are not UTF-8 is that line's error; the other lines still run (the
+    whole file was refused). A line that is not JSON says so."""
+    good = b'{"model": "tiny-gpt", "gpu": "a100-pcie-80gb", "batch": 1, "seq": 32, "mode": "inf"}'
+    runs = tmp_path / "runs.jsonl"
+    runs.write_bytes(good + b'\n{"model": "\xff"}\nnot json\n' + good + b"\n")
+    assert main(["predict", "--runs", str(runs), "--json"]) == 1
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [o.get("line") for o in out] == [None, 2, 3, None]
+    assert out[1]["error"] == "not UTF-8 text; write each run as UTF-8 JSON"
+    assert out[2]["error"].startswith("not a JSON object: ")
+    assert out[0] == out[3] and out[0]["e2e_ms"] > 0
