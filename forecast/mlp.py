@@ -76,3 +76,17 @@ class TileEnsemble(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Mean log ratio over the members, shape (n,)."""
         return torch.stack([m(x) for m in self.members]).mean(dim=0)
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """`forward` without gradients, the same for a row whatever rows share its batch:
+        the rows go through in blocks of `PREDICT_ROWS`, the last one padded, because a CPU
+        matrix product picks its kernel by the number of rows, and so the last bits of a
+        kernel's forecast depended on how many kernels were forecast with it."""
+        n = x.shape[0]
+        pad = -n % PREDICT_ROWS
+        blocks = torch.cat([x, x.new_zeros((pad, x.shape[1]))]).split(PREDICT_ROWS)
+        with torch.no_grad():
+            return torch.cat([self(b) for b in blocks])[:n]
+
+
+PREDICT_ROWS = 1024  # rows of every block `TileEnsemble.predict` forecasts

@@ -80,8 +80,7 @@ class TileMLPModel:
         if family not in self._warned and bool(((x < net.lo) | (x > net.hi)).any()):
             self._warned.add(family)
             log.info("%s: some kernels lie outside the training range; clamped", family.value)
-        with torch.no_grad():
-            log_ratio = net(x).double().numpy()
+        log_ratio = net.predict(x).double().numpy()
         return fb.base_s * np.exp(log_ratio)
 
     def save(self, out_dir: Path) -> None:

@@ -133,3 +133,32 @@ def test_huge_row_kernels_warn_of_nothing(capfd: pytest.CaptureFixture[str]) -> 
                  "1099511627776,1099511627776", "--json"]) == 0  # fmt: skip
     out, err = capfd.readouterr()
     assert err == "" and json.loads(out)["latency_s"] > 0
+
+
+def test_a_kernels_forecast_does_not_depend_on_its_batch() -> None:
+    """The same kernel gets the same bits alone, in a batch of thousands, anywhere in a
+    shuffled batch, and twice in one batch (a CPU matrix product picked its kernel by the
+    number of rows, so the last bits moved with the batch: about 200 of 1,150 kernels)."""
+    import numpy as np
+
+    from forecast.gpus import load_gpu
+    from forecast.kernels import KernelSpec, OpFamily
+    from forecast.predict import load_latency_model
+
+    rng = np.random.default_rng(3)
+    fams = [OpFamily.BMM, OpFamily.LINEAR, OpFamily.SOFTMAX, OpFamily.LAYERNORM]
+    kernels = []
+    for i in range(5000):
+        d = [int(v) for v in rng.integers(1, 4096, size=4)]
+        fam = fams[i % 4]
+        dims = (d[0] % 64 + 1, *d[1:]) if fam in (OpFamily.BMM, OpFamily.LINEAR) else d[:2]
+        kernels.append(KernelSpec(fam, tuple(dims)))
+    model, gpu = load_latency_model("tile-mlp"), load_gpu("l4")
+    whole = model.predict_s(kernels, gpu)
+    order = rng.permutation(len(kernels))
+    shuffled = model.predict_s([kernels[i] for i in order], gpu)
+    assert np.array_equal(shuffled, whole[order])
+    for i in (0, 1, 2, 3, 4999):
+        alone = model.predict_s([kernels[i]], gpu)[0]
+        twice = model.predict_s([kernels[i], kernels[i]], gpu)
+        assert alone == whole[i] == twice[0] == twice[1]
