@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -67,14 +68,22 @@ def save_figure(fig: Figure, path: Path, *, dpi: int = 110) -> Path:
 
 def figure_path(path: Path, flag: str) -> Path:
     """``path`` if a figure can be written there (checked before any work): a file name whose
-    suffix matplotlib writes (.png, .pdf, .svg, ...), not an existing folder, under a folder
-    that exists or can be made (the nearest existing one is a writable folder)."""
-    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix matplotlib writes (.png, .pdf, .svg, ...; .pgf only with its TeX system installed),
+    not an existing folder, under a folder that exists or can be made (the nearest existing one
+    is a writable folder)."""
+    # PGF runs its TeX system to measure text: without one a .pgf figure was a traceback
+    tex = matplotlib.rcParams["pgf.texsystem"]
+    formats = [
+        f for f in FigureCanvasBase.get_supported_filetypes() if f != "pgf" or shutil.which(tex)
+    ]
     if path.is_dir():
         raise ConfigError(f"{flag} {path} is a folder; give a file name such as {path / 'fig.png'}")
-    if path.suffix.lstrip(".").lower() not in formats:
+    suffix = path.suffix.lstrip(".").lower()
+    if suffix not in formats:
         raise ConfigError(
-            f"{flag} {path}: give a file name ending in one of "
+            f"{flag} {path}: "
+            + (f".pgf needs {tex}, which is not installed; " if suffix == "pgf" else "")
+            + "give a file name ending in one of "
             + ", ".join(f".{f}" for f in sorted(formats))
         )
     parent = path.parent

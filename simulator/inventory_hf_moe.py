@@ -65,7 +65,7 @@ def moe_ffn(m: ModelSpec, z: Sizes, expert: list[FrameworkOp], rows: int) -> lis
         r.elementwise("route_weight", "mulu", (rows, z.H), z.dt),
         r.memory("scatter", "embedding", (rows, z.H), z.dt, bw_op="copy"),
     ]
-    return router + per_expert * m.num_experts
+    return router + per_expert * (m.local_experts or m.num_experts)  # an EP shard: its own
 
 
 def llama(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
