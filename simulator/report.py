@@ -57,11 +57,16 @@ def amount_text(v: float | None) -> str:
 
 
 def layout_label(r: Row) -> str:
-    """A short text of a row's layout (tp, pp, dp, micro-batch, schedule, recompute, ZeRO)."""
+    """A short text of a row's layout: tp (cp when over 1), pp, dp, micro-batch, schedule,
+    recompute, ZeRO, then sp and dist-opt when on; every sweep key that can tell two rows of
+    one context apart shows (a cp 2 row read as tp2 pp4 dp128 on 2,048 GPUs)."""
     sched = r["schedule"] + (f"/v{r['virtual_stages']}" if r["virtual_stages"] > 1 else "")
-    extra = " sp" if r["sequence_parallel"] else ""
+    cp = f" cp{r['cp']}" if (r.get("cp") or 1) > 1 else ""
+    extra = (" sp" if r["sequence_parallel"] else "") + (
+        " dist-opt" if r.get("distributed_optimizer") else ""
+    )
     return (
-        f"tp{r['tp']} pp{r['pp']} dp{r['dp']} mbs{r['micro_batch_size']} {sched} "
+        f"tp{r['tp']}{cp} pp{r['pp']} dp{r['dp']} mbs{r['micro_batch_size']} {sched} "
         f"{r['recompute']} z{r['zero_stage']}{extra}"
     )
 
@@ -169,7 +174,10 @@ def markdown_report(
         f"{n['simulated']} simulated with the execution graph; {n['errors']} errors. "
         f"Ranked by {RANKING_NAMES[by]} (simulated layouts only).",
         *(
-            ["Pruned before screening, by rule (with the first pruned layout's reason):"]
+            [
+                "Pruned before screening, by rule (for a key's rule, the first pruned "
+                "layout's reason):"
+            ]
             if by_rule
             else []
         ),

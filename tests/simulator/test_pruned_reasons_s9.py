@@ -36,3 +36,16 @@ def test_report_and_resolved_scenario_list_the_rules(
     for rule, n in by_rule.items():
         assert f"* {n} by `{rule}`: " in report
     assert "by `run.virtual_stages`: > 1 needs schedule = 1f1b-interleaved" in report
+
+
+def test_layout_label_shows_every_key_that_tells_rows_apart() -> None:
+    """cp and the distributed optimizer show in the label (a cp 2 row printed as tp2 pp4
+    dp128 on 2,048 GPUs, and two rows differing in distributed_optimizer printed alike)."""
+    from simulator.report import layout_label
+
+    row = {"tp": 2, "pp": 4, "dp": 128, "cp": 2, "micro_batch_size": 1, "schedule": "1f1b"}
+    row |= {"virtual_stages": 1, "recompute": "selective", "zero_stage": 1}
+    row |= {"sequence_parallel": True, "distributed_optimizer": False}
+    assert layout_label(row) == "tp2 cp2 pp4 dp128 mbs1 1f1b selective z1 sp"
+    other = row | {"cp": 1, "distributed_optimizer": True}
+    assert layout_label(other) == "tp2 pp4 dp128 mbs1 1f1b selective z1 sp dist-opt"
