@@ -11,10 +11,11 @@ is one cluster size. Prices, power and the token budget are finite numbers.
 
 Each (option, world size) is a `Context` (resolved `SimInputs`); each layout is a `Point`, a
 flat frozen record that travels to workers cheaply. Layouts that break a rule (tp does not
-divide the heads, virtual stages without interleaving, ...) or duplicate another layout
-(sequence parallelism at tp 1, ZeRO at dp 1, pipeline schedules at pp 1) are pruned and counted
-by rule (`Space.pruned_by`); layouts that are valid but do not fit in memory are kept and
-become ``infeasible`` rows.
+divide the heads, virtual stages without interleaving, ...) are pruned and counted by rule
+(`Space.pruned_by`). A layout is kept in the form it runs as (`_canonical`: no sequence
+parallelism at tp 1, plain 1F1B at pp 1, no ZeRO over one data-parallel rank), and one that
+runs as an earlier one is pruned as a duplicate. Layouts that are valid but do not fit in
+memory are kept and become ``infeasible`` rows.
 """
 
 from __future__ import annotations
@@ -282,14 +283,23 @@ def _contexts(scenario: Scenario) -> list[Context]:
     return out
 
 
-def _duplicate(p: dict[str, Any]) -> bool:
-    """True for a layout equal to another one in the space (nothing new to learn)."""
-    interleaved = p["schedule"] == "1f1b-interleaved"
-    return (
-        (p["sequence_parallel"] and p["tp"] == 1)
-        or (interleaved and p["virtual_stages"] == 1)
-        or (p["pp"] == 1 and p["schedule"] != "1f1b")
-    )
+def _canonical(p: dict[str, Any], num_gpus: int) -> dict[str, Any]:
+    """The layout ``p`` runs as: sequence parallelism off at tp 1, plain 1F1B at pp 1 and for
+    interleaving with one virtual stage, no ZeRO or distributed optimizer over one
+    data-parallel rank. Layouts of one canonical form are one layout (the first is kept, under
+    its canonical values, so a sweep listing only ``sequence_parallel = [true]`` still has its
+    tp 1 layouts, as plain ones: they were pruned as duplicates of layouts not in the grid)."""
+    q = dict(p)
+    if q["tp"] == 1:
+        q["sequence_parallel"] = False
+    if q["pp"] == 1:
+        q["schedule"], q["virtual_stages"] = "1f1b", 1
+    if q["schedule"] == "1f1b-interleaved" and q["virtual_stages"] == 1:
+        q["schedule"] = "1f1b"
+    per_replica = q["tp"] * q["pp"] * q["cp"]
+    if (q["dp"] or num_gpus // per_replica) * q["cp"] == 1:
+        q["zero_stage"], q["distributed_optimizer"] = 0, False
+    return q
 
 
 def _cheap_ok(p: dict[str, Any], inputs: SimInputs) -> bool:
@@ -298,11 +308,9 @@ def _cheap_ok(p: dict[str, Any], inputs: SimInputs) -> bool:
     if inputs.num_gpus % per_replica:
         return False
     dp = p["dp"] or inputs.num_gpus // per_replica
-    if dp * per_replica != inputs.num_gpus or inputs.global_batch_size % (
-        dp * p["micro_batch_size"]
-    ):
-        return False
-    return not ((p["zero_stage"] or p["distributed_optimizer"]) and dp * p["cp"] == 1)
+    return dp * per_replica == inputs.num_gpus and not (
+        inputs.global_batch_size % (dp * p["micro_batch_size"])
+    )
 
 
 def enumerate_space(scenario: Scenario) -> Space:
@@ -315,17 +323,19 @@ def enumerate_space(scenario: Scenario) -> Space:
     points: list[Point] = []
     why: Counter[str] = Counter()
     example: dict[str, str] = {
-        "duplicate": "the same layout as another: sequence parallelism at tp 1, ZeRO at dp 1, "
-        "a pipeline schedule at pp 1",
-        "sizes": "tp*pp*cp does not divide the GPUs, the global batch is not a multiple of "
-        "dp x micro-batch, or ZeRO over one data-parallel rank",
+        "duplicate": "the same layout as another once sequence parallelism at tp 1, a "
+        "pipeline schedule at pp 1 or ZeRO over one data-parallel rank is dropped",
+        "sizes": "tp*pp*cp does not divide the GPUs, or the global batch is not a multiple "
+        "of dp x micro-batch",
     }
     for ci, ctx in enumerate(contexts):
+        seen: set[tuple[Any, ...]] = set()
         for combo in itertools.product(*grid):
-            p = dict(zip(RUN_KEYS, combo, strict=True))
-            if _duplicate(p):
+            p = _canonical(dict(zip(RUN_KEYS, combo, strict=True)), ctx.inputs.num_gpus)
+            if tuple(p.values()) in seen:
                 why["duplicate"] += 1
                 continue
+            seen.add(tuple(p.values()))
             if not _cheap_ok(p, ctx.inputs):
                 why["sizes"] += 1
                 continue

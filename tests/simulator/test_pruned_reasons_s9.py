@@ -49,3 +49,25 @@ def test_layout_label_shows_every_key_that_tells_rows_apart() -> None:
     assert layout_label(row) == "tp2 cp2 pp4 dp128 mbs1 1f1b selective z1 sp"
     other = row | {"cp": 1, "distributed_optimizer": True}
     assert layout_label(other) == "tp2 pp4 dp128 mbs1 1f1b selective z1 sp dist-opt"
+
+
+def test_a_twin_missing_from_the_grid_is_kept_in_its_plain_form(tmp_path: Path) -> None:
+    """ZeRO over one data-parallel rank, sequence parallelism at tp 1 and a pipeline schedule
+    at pp 1 run as the plain layout: kept under their plain values when the grid does not
+    list that plain twin (the tiny scenario keeps zero_stage 1 and never evaluated its dp 1
+    layouts), and pruned as a duplicate when it does."""
+    from simulator.scenario import load_scenario
+    from simulator.space import enumerate_space, find_scenario
+
+    tiny = find_scenario("tiny-gpt-8gpu")
+    only_sp = ["sweep.sequence_parallel=[true]", "sweep.world_size=[8]", "sweep.tp=[1,2]"]
+    space = enumerate_space(load_scenario(tiny, overrides=[*only_sp, "sweep.pp=[1]"]))
+    tp1 = [p for p in space.points if p.tp == 1]
+    assert tp1 and not any(p.sequence_parallel for p in tp1)
+    assert all(p.sequence_parallel for p in space.points if p.tp == 2)
+    dp1 = ["sweep.world_size=[8]", "sweep.tp=[4]", "sweep.pp=[2]", "run.zero_stage=1"]
+    points = enumerate_space(load_scenario(tiny, overrides=dp1)).points
+    assert points and all(p.dp == 1 and p.zero_stage == 0 for p in points)
+    both = enumerate_space(load_scenario(tiny, overrides=[*dp1, "sweep.zero_stage=[0,1]"]))
+    assert [p.zero_stage for p in both.points] == [0] * len(points)
+    assert {r: n for r, n, _ in both.pruned_by}["duplicate"] >= len(points)
