@@ -250,14 +250,15 @@ def load_model(name_or_path: str | Path, *, data_dir: Path | None = None) -> Mod
         return _from_toml(path)
     if path.suffix == ".json" and path.is_file():
         return from_hf_config(_read_json(path), path.stem, str(path))
-    named = (data_dir or DEFAULT_DATA_DIR) / "models" / f"{text}.json"
+    models_dir = (data_dir or DEFAULT_DATA_DIR) / "models"
+    named = models_dir / f"{text}.json"
     if path.suffix == "" and named.is_file():
         return from_hf_config(_read_json(named), text, str(named))
     if path.suffix in {".toml", ".json"}:
         raise ConfigError(f"model file {path} does not exist")
     raise ConfigError(
         f"unknown model {text!r}: use a catalog id ({', '.join(list_models())}), a NeuSight "
-        f"model name (a file in {named.parent}), or a path to a .toml or HF config .json"
+        f"model name (a file in {models_dir}), or a path to a .toml or HF config .json"
     )
 
 

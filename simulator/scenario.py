@@ -22,7 +22,7 @@ from forecast.gpus import GPUError, GPUSpec, load_gpu
 from forecast.kernels import Dtype
 from simulator.errors import ConfigError
 from simulator.models import ModelSpec, load_model
-from simulator.opgraph import MAX_TOKENS, has_flash_attention
+from simulator.opgraph import FLASH_ATTENTION_AMD_ISAS, MAX_TOKENS, has_flash_attention
 from simulator.parallel import RunConfig
 from topologies import Cluster, ClusterSpec, TopologyError, load_network, load_server
 
@@ -299,7 +299,8 @@ def resolve_attention(t: TrainingSection, gpu: GPUSpec) -> Attention:
     if t.attention == "flash" and not flash_ok:
         raise ConfigError(
             f"training.attention: flash, but FlashAttention-2 has no kernels for {gpu.name} "
-            f"(compute capability {gpu.compute_capability}; it needs 8.0+ or AMD gfx90a/gfx942): "
+            f"(compute capability {gpu.compute_capability}; it needs 8.0+ or AMD "
+            f"{'/'.join(sorted(FLASH_ATTENTION_AMD_ISAS))}): "
             "use auto or unfused"
         )
     return t.attention

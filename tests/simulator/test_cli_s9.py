@@ -148,3 +148,12 @@ def test_predict_runs_a_line_that_is_not_utf8_fails_alone(
     assert out[1]["error"] == "not UTF-8 text; write each run as UTF-8 JSON"
     assert out[2]["error"].startswith("not a JSON object: ")
     assert out[0] == out[3] and out[0]["e2e_ms"] > 0
+
+
+def test_unknown_model_path_names_the_models_folder(capsys: pytest.CaptureFixture[str]) -> None:
+    """An absolute path of another suffix was joined onto the models folder, so the message
+    named the path's own folder as where NeuSight model names live."""
+    args = ["predict", "--model", "/tmp/somewhere/runs.jsonl", "--gpu", "t4", "--batch", "1"]
+    assert main([*args, "--seq", "8", "--mode", "inf"]) == 2
+    err = capsys.readouterr().err
+    assert "(a file in /tmp/somewhere)" not in err and "/models)" in err
