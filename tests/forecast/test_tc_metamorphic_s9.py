@@ -57,6 +57,10 @@ def _dtypes(gpu: GPUSpec, *, fp32: bool = True) -> list[Dtype]:
     return sorted({d for c in _chains(gpu, fp32=fp32) for d in c})
 
 
+# the GPUs with a tensor-core dtype (the P4 has none)
+TC_GPU_IDS = [g for g in GPU_IDS if _dtypes(load_gpu(g), fp32=False)]
+
+
 def _assert_ordered(times: dict[KernelSpec, float], gpu: GPUSpec, *, fp8: bool = True) -> None:
     """Times of one shape in several dtypes: each chain non-decreasing (fp8 left out where
     ``fp8`` is false), and bf16 = fp16 where the catalog gives them the same peak."""
@@ -119,7 +123,7 @@ def test_a_tiny_model_in_a_narrower_dtype_is_not_slower(
     assert 0 < got["bf16"] == got["fp16"] <= got["tf32"] <= got["fp32"]
 
 
-@pytest.mark.parametrize("gpu_id", GPU_IDS)
+@pytest.mark.parametrize("gpu_id", TC_GPU_IDS)
 def test_narrower_dtypes_are_never_slower_alone(gpu_id: str) -> None:
     """fp8's k-tile of 128 (Hopper) or 64 (Ada) elements padded a short reduction to twice
     bf16's and paid the FP32 promotion on it: H200 bmm 8,8192,1,257 read 4% slower in fp8.
@@ -128,8 +132,6 @@ def test_narrower_dtypes_are_never_slower_alone(gpu_id: str) -> None:
     promotion (a few ns on 5.5 us kernels)."""
     gpu = load_gpu(gpu_id)
     dtypes = _dtypes(gpu, fp32=False)
-    if not dtypes:
-        pytest.skip(f"{gpu_id} has no tensor-core dtype")
     shapes = [*_gemm_shapes(), (8, 8192, 1, 257), (1, 4096, 64, 4096), (16, 2048, 100, 2048)]
     kernels = [KernelSpec(OpFamily.BMM, s, d) for s in shapes for d in dtypes]
     times = TC.predict_s(kernels, gpu)
@@ -179,7 +181,7 @@ def _more_sms(gpu: GPUSpec, factor: float) -> GPUSpec:
     return gpu.model_copy(update={"num_sms": sms, "peak_flops_per_s": peaks})
 
 
-@pytest.mark.parametrize("gpu_id", GPU_IDS)
+@pytest.mark.parametrize("gpu_id", TC_GPU_IDS)
 def test_doubling_work_or_sms_and_the_peak_and_roofline_bounds(gpu_id: str) -> None:
     """Doubling B, M, N or K of a GEMM, or BH, S_q or S_kv of an attention, is never faster
     (wave quantisation may leave it equal); 1.5x or 2x the SMs is never slower; achieved
@@ -197,8 +199,6 @@ def test_doubling_work_or_sms_and_the_peak_and_roofline_bounds(gpu_id: str) -> N
                 for bh, sq, skv in ((1, 1, 1), (3, 100, 1000), (16, 2048, 512), (64, 4096, 4096))
                 for hd in (64, 96, 128, 256)
             ]
-    if not kernels:
-        pytest.skip(f"{gpu_id} has no tensor-core dtype")
     base = TC.predict_s(kernels, gpu)
     for fam, ax in itertools.chain.from_iterable(((f, a) for a in r) for f, r in axes.items()):
         idx = [i for i, k in enumerate(kernels) if k.family is fam]
