@@ -101,6 +101,12 @@ class ModelSpec(BaseModel):
                 f"{self.embed_dim} differs from the hidden size {h}: only OPT models project "
                 f"their embeddings here; use embed_dim = 0",
             )
+        if self.local_experts:  # set on a shard by `model_copy`, which skips this check
+            raise ShapeError(
+                "local_experts",
+                f"{self.local_experts}: the simulator sets it on each expert-parallel shard "
+                "(num_experts / run.ep); remove it and choose run.ep",
+            )
         if self.experts_per_token > self.num_experts:
             raise ShapeError(
                 "experts_per_token",
@@ -114,10 +120,15 @@ class ModelSpec(BaseModel):
         all-to-all brings an expert-parallel shard ``tokens x experts_per_token`` rows over
         its `local_experts`): ``tokens`` in ``sequences``
         equal sequences, each capped at ``expert_capacity`` (HF Switch counts a token's place
-        in its expert's queue along its own sequence: a cumsum over the sequence axis)."""
+        in its expert's queue along its own sequence: a cumsum over the sequence axis). The
+        cap holds per sequence of each of the ``num_experts / local_experts`` GPUs whose
+        tokens the all-to-all brings (it capped their sum: at ep 8 a 64-token cap let one
+        expert run 64 rows, not 8 x 64)."""
         local = self.local_experts or self.num_experts  # after the all-to-all: a shard's share
         rows = max(1, tokens // sequences * self.experts_per_token // local)
-        return (min(rows, self.expert_capacity) if self.expert_capacity else rows) * sequences
+        if self.expert_capacity:
+            rows = min(rows, self.expert_capacity * (self.num_experts // local))
+        return rows * sequences
 
     @property
     def kv_heads(self) -> int:

@@ -286,18 +286,22 @@ def _contexts(scenario: Scenario) -> list[Context]:
 def _canonical(p: dict[str, Any], num_gpus: int) -> dict[str, Any]:
     """The layout ``p`` runs as: sequence parallelism off at tp 1, plain 1F1B at pp 1 and for
     interleaving with one virtual stage, no ZeRO or distributed optimizer over one
-    data-parallel rank. Layouts of one canonical form are one layout (the first is kept, under
-    its canonical values, so a sweep listing only ``sequence_parallel = [true]`` still has its
-    tp 1 layouts, as plain ones: they were pruned as duplicates of layouts not in the grid)."""
+    data-parallel rank, and dp 0 as the GPUs left over when tp*pp*cp divides them (``dp =
+    [0, 2]`` listed one layout twice under one key). Layouts of one canonical form are one
+    layout (the first is kept, under its canonical values, so a sweep listing only
+    ``sequence_parallel = [true]`` still has its tp 1 layouts, as plain ones: they were pruned
+    as duplicates of layouts not in the grid)."""
     q = dict(p)
+    per_replica = q["tp"] * q["pp"] * q["cp"]
+    if not q["dp"] and num_gpus % per_replica == 0:
+        q["dp"] = num_gpus // per_replica
     if q["tp"] == 1:
         q["sequence_parallel"] = False
     if q["pp"] == 1:
         q["schedule"], q["virtual_stages"] = "1f1b", 1
     if q["schedule"] == "1f1b-interleaved" and q["virtual_stages"] == 1:
         q["schedule"] = "1f1b"
-    per_replica = q["tp"] * q["pp"] * q["cp"]
-    if (q["dp"] or num_gpus // per_replica) * q["cp"] == 1:
+    if q["dp"] * q["cp"] == 1:
         q["zero_stage"], q["distributed_optimizer"] = 0, False
     return q
 
@@ -324,9 +328,10 @@ def enumerate_space(scenario: Scenario) -> Space:
     why: Counter[str] = Counter()
     example: dict[str, str] = {
         "duplicate": "the same layout as another once sequence parallelism at tp 1, a "
-        "pipeline schedule at pp 1 or ZeRO over one data-parallel rank is dropped",
-        "sizes": "tp*pp*cp does not divide the GPUs, or the global batch is not a multiple "
-        "of dp x micro-batch",
+        "pipeline schedule at pp 1 or ZeRO over one data-parallel rank is dropped, dp 0 "
+        "read as the GPUs left over",
+        "sizes": "tp*pp*cp does not divide the GPUs, a listed dp does not take all of them, "
+        "or the global batch is not a multiple of dp x micro-batch",
     }
     for ci, ctx in enumerate(contexts):
         seen: set[tuple[Any, ...]] = set()
