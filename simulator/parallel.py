@@ -187,8 +187,9 @@ def check_run(
     gpus_per_node: int | None = None,
 ) -> Layout:
     """Validate a layout against the model and cluster; derive dp, micro-batches, groups.
-    With ``gpus_per_node``, a TP group must sit inside one node or span whole nodes: one
-    representative group prices them all, and a group of 3 on 8-GPU nodes straddles two."""
+    With ``gpus_per_node``, a TP group must sit inside one node or span whole nodes (a group
+    of 3 on 8-GPU nodes straddles two), and the CP, DP and EP groups priced are those spanning
+    the most nodes (`_widest_group`)."""
     dp = _check_sizes(run, model, num_gpus)
     if gpus_per_node is not None:
         n = gpus_per_node
@@ -210,20 +211,37 @@ def check_run(
     v = run.virtual_stages
     counts = split_layers(model.num_layers, run.pp * v)
     stages = tuple(tuple(counts[c * run.pp + s] for c in range(v)) for s in range(run.pp))
-    tp, cp = run.tp, run.cp
-    dp_group = tuple(k * tp for k in range(cp * dp))  # gradients reduce over dp x cp
+    tp, cp, ep = run.tp, run.cp, run.ep
+
+    def group(step: int, n: int) -> tuple[int, ...]:
+        return _widest_group(step, n, num_gpus, gpus_per_node)
+
     return Layout(
         run=run,
         dp=dp,
         num_micro_batches=m,
         layers_per_stage=stages,
         tp_group=tuple(range(tp)),
-        cp_group=tuple(k * tp for k in range(cp)),
-        dp_group=dp_group,
-        ep_group=tuple(k * tp for k in range(run.ep)),
-        edp_group=tuple(k * tp * run.ep for k in range(cp * dp // run.ep)),
+        cp_group=group(tp, cp),
+        dp_group=group(tp, cp * dp),  # gradients reduce over dp x cp
+        ep_group=group(tp, ep),
+        edp_group=group(tp * ep, cp * dp // ep),
         pp_hops=_pp_hops(run.pp, tp * cp * dp, wrap=v > 1),
     )
+
+
+def _widest_group(step: int, n: int, world: int, per_node: int | None) -> tuple[int, ...]:
+    """The group of ``n`` ranks ``step`` apart (in blocks of ``step * n`` ranks) that spans the
+    most nodes; rank 0's where blocks sit inside one node or on whole nodes, as then every
+    group alike. Otherwise they differ (tp 1, dp 3 on 4-GPU nodes: stage 0's DP group (0,1,2)
+    stays in node 0, stage 1's (3,4,5) crosses two) and rank 0's, the fastest, priced them all."""
+    offsets = tuple(k * step for k in range(n))
+    block = step * n
+    if per_node is None or block % per_node == 0 or per_node % block == 0:
+        return offsets
+    bases = (j + i for j in range(0, world - block + 1, block) for i in range(step))
+    best = max(bases, key=lambda b: (len({(b + o) // per_node for o in offsets}), -b))
+    return tuple(best + o for o in offsets)
 
 
 def _pp_hops(pp: int, stride: int, *, wrap: bool) -> tuple[tuple[int, int], ...]:

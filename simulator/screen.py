@@ -83,7 +83,9 @@ class ScreenCache:
     def layer(self, layout: Layout) -> LayerComm:
         """Per-layer communication seconds for this shard shape and group placement."""
         r = layout.run
-        key = (r.tp, r.cp, r.ep, r.micro_batch_size, r.sequence_parallel, layout.pp_hops)
+        # the shard shape, and where the hops and the groups priced lie
+        shape = (r.tp, r.cp, r.ep, r.micro_batch_size, r.sequence_parallel)
+        key = (*shape, layout.pp_hops, layout.cp_group[0], layout.ep_group[0])
         if key not in self.comms:
             self.comms[key] = layer_comm(self.inputs, layout)
         return self.comms[key]
@@ -103,9 +105,9 @@ class ScreenCache:
         """One collective over the layout's DP group (``expert``: its expert-data-parallel
         group, `Layout.edp_group`)."""
         r = layout.run
-        key = (op, round(nbytes), r.tp, r.cp, layout.dp, r.ep if expert else 0)
+        group = layout.edp_group if expert else layout.dp_group
+        key = (op, round(nbytes), r.tp, r.cp, layout.dp, r.ep if expert else 0, group[0])
         if key not in self.colls:
-            group = layout.edp_group if expert else layout.dp_group
             self.colls[key] = collective_s(op, nbytes, group, self.inputs.cluster)  # type: ignore[arg-type]
         return self.colls[key]
 

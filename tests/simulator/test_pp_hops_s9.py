@@ -59,3 +59,34 @@ def test_a_tp_group_straddling_two_nodes_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"run\.tp: must divide the 4 GPUs of a node"):
         layout_of(inputs, RunConfig(tp=3, pp=1, dp=4, micro_batch_size=1))
     layout_of(inputs, RunConfig(tp=2, pp=1, dp=6, micro_batch_size=1))  # divides 4: fine
+
+
+def test_dp_and_cp_groups_priced_are_the_widest() -> None:
+    """12 GPUs on 4-GPU nodes, tp 1, pp 4, dp 3: stage 0's DP group (0,1,2) stays in node 0
+    but stage 1's (3,4,5) spans two nodes; the group priced is a two-node one (rank 0's, the
+    fastest, priced every stage). Regular layouts keep rank 0's groups."""
+    sets = ("cluster.num_gpus=12", "training.global_batch_size=24")
+    inputs = _inputs(*sets)
+    layout = layout_of(inputs, RunConfig(tp=1, pp=4, dp=3, micro_batch_size=1))
+    nodes = {r // 4 for r in layout.dp_group}
+    assert len(layout.dp_group) == 3 and len(nodes) == 2
+    a = 1e8
+    widest = collective_s("all-reduce", a, layout.dp_group, inputs.cluster)
+    assert widest > collective_s("all-reduce", a, (0, 1, 2), inputs.cluster)
+    cp3 = layout_of(_inputs(*sets, "model.seq_len=126"), RunConfig(tp=1, pp=1, cp=3, dp=4))
+    assert len({r // 4 for r in cp3.cp_group}) == 2
+    regular = layout_of(_inputs(), RunConfig(tp=1, pp=2, dp=4, micro_batch_size=1))
+    assert regular.dp_group == (0, 1, 2, 3) and regular.cp_group == (0,)
+
+
+def test_screen_and_simulation_price_the_same_widest_groups() -> None:
+    from simulator.screen import ScreenCache, screen
+    from simulator.simulate import latency_table, simulate
+
+    inputs = _inputs("cluster.num_gpus=12", "training.global_batch_size=24")
+    run = RunConfig(tp=1, pp=4, dp=3, micro_batch_size=1, zero_stage=1)
+    table = latency_table(inputs, [run])
+    full = simulate(inputs, run, table)
+    est = screen(ScreenCache(inputs, table), run)
+    assert est.memory.total_bytes / 2**30 == pytest.approx(full.memory_gib_per_gpu, rel=1e-9)
+    assert est.iteration_s == pytest.approx(full.iteration_s, rel=0.15)
