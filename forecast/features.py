@@ -113,7 +113,10 @@ def gpu_features(gpu: GPUSpec, family: OpFamily) -> dict[str, float]:
     For bmm the watts are scaled by 12 nm / the die's process node (energy per operation
     shrinks with the node, so a 72 W 5 nm L4 is less power-starved than a 70 W 12 nm T4):
     leave-one-GPU-out bmm 24.7 -> 16.9%. The same scaling for linear was rejected (27.0 ->
-    31.0%: P4 held out 15 -> 73%), as was using no power feature for the row families.
+    31.0%: P4 held out 15 -> 73%), as was using no power feature for the row families, and
+    the node-scaled watts for the row families (leave-one-GPU-out element-wise 11.4 -> 13.3%,
+    softmax 13.9 -> 22.7%, layer norm 11.3 -> 18.9%: V100 and A100-40GB held out lost most;
+    `benchmarks/feature_ablation.py` with a five-member ensemble per fold).
     """
     lanes_ghz = gpu.num_sms * gpu.fp32_dedicated_lanes_per_sm * gpu.boost_clock_hz / 1e9
     watts = gpu.tdp_w if gpu.tdp_w is not None else 2.5e-2 * lanes_ghz
