@@ -30,6 +30,17 @@ TFLOPS of special functions" on H100 SXM is 132 x 16 x 1.83 GHz); else the boost
 sweeps all of ``S_kv`` (forward, ``Br`` query rows) or all of ``S_q`` (backward, ``Bc`` key
 rows); resident CTAs share their SM, so the busiest SM runs ``ceil(CTAs / SMs)`` tiles. DRAM
 time (``KernelSpec.bytes``) overlaps compute like a GEMM's.
+
+Causal (ops ``attention_causal``, ``attention_causal_bwd``): FA2's loops skip the blocks above
+the diagonal (mask aligned to the bottom right, `forecast.kernels.causal_pairs`). Forward, the
+CTA of query block ``i`` visits key blocks ``0 .. ceil(((i + 1) Br + S_kv - S_q) / Bc) - 1``
+(``n_block_max``); backward, the CTA of key block ``j`` visits query blocks from
+``floor((j Bc + S_q - S_kv) / Br)`` (``m_block_min``) to the last; for ``S_q = S_kv`` at
+``n`` blocks either way, ``n (n + 1) / 2`` of the ``n^2`` block pairs. Each visited pair costs
+what a non-causal one does (the diagonal's masking is not charged). The CTAs' sweeps are
+unequal and the block scheduler hands the next CTA to the first free SM, so the busiest SM is
+taken to run the balanced share, ``ceil(pairs / SMs)``, and at least the longest CTA; with
+equal sweeps that is never more than the non-causal ``ceil(CTAs / SMs)`` sweeps.
 """
 
 from __future__ import annotations
@@ -38,7 +49,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from forecast.kernels import KernelSpec
+from forecast.kernels import ATTENTION_BACKWARD_OPS, CAUSAL_ATTENTION_OPS, KernelSpec
 
 SMEM_BYTES_PER_CLK_PER_SM = 128.0  # 32 banks x 32 bits per clock (CUDA guide, cc >= 5.x)
 MUFU_PER_CLK_PER_SM = 16.0  # exp2 throughput (CUDA guide, arithmetic instructions, cc 8.x, 9.0)
@@ -149,17 +160,41 @@ def cycles_per_element(counts: PipeCounts, rates: SMRates, overlap: Overlap) -> 
     return pnorm(pipes, overlap.exponent) / overlap.efficiency
 
 
+def causal_sweeps(s_q: int, s_kv: int, counts: PipeCounts, *, backward: bool) -> list[int]:
+    """Blocks each CTA of one head visits under a causal mask, FA2's loop bounds (module
+    docstring): forward per query block (``n_block_max``), backward per key block (from
+    ``m_block_min``); a CTA whose rows are all masked visits none."""
+    if backward:
+        br, bc = counts.tile_cols, counts.tile_rows
+        n_q = math.ceil(s_q / br)
+        return [
+            max(0, n_q - max(0, (j * bc + s_q - s_kv) // br)) for j in range(math.ceil(s_kv / bc))
+        ]
+    br, bc = counts.tile_rows, counts.tile_cols
+    n_kv = math.ceil(s_kv / bc)
+    return [
+        min(n_kv, max(0, -(-((i + 1) * br + s_kv - s_q) // bc))) for i in range(math.ceil(s_q / br))
+    ]
+
+
 def attention_kernel_s(kernel: KernelSpec, rates: SMRates, overlap: Overlap) -> float:
-    """Seconds of one flash-attention-2 kernel (op ``attention`` or ``attention_bwd``)."""
+    """Seconds of one flash-attention-2 kernel (op ``attention``, ``attention_bwd`` or their
+    causal twins ``attention_causal``, ``attention_causal_bwd``)."""
     bh, s_q, s_kv, head_dim = kernel.dims
-    backward = kernel.op == "attention_bwd"
+    backward = kernel.op in ATTENTION_BACKWARD_OPS
     if backward:  # one CTA per Bc key rows sweeps all queries; + dO.O and dQ-convert kernels
         counts, tiled, swept, launches = backward_counts(head_dim), s_kv, s_q, 3
     else:
         counts, tiled, swept, launches = forward_counts(head_dim, rates), s_q, s_kv, 1
-    ctas = bh * math.ceil(tiled / counts.tile_rows)
-    swept_padded = math.ceil(swept / counts.tile_cols) * counts.tile_cols
-    tile_clk = counts.tile_rows * swept_padded * cycles_per_element(counts, rates, overlap)
-    compute_s = math.ceil(ctas / rates.num_sms) * tile_clk / rates.clock_hz
+    if kernel.op in CAUSAL_ATTENTION_OPS:
+        sweeps = causal_sweeps(s_q, s_kv, counts, backward=backward)
+        busiest = max(math.ceil(bh * sum(sweeps) / rates.num_sms), max(sweeps))
+        pair_clk = counts.tile_rows * counts.tile_cols * cycles_per_element(counts, rates, overlap)
+        compute_s = busiest * pair_clk / rates.clock_hz
+    else:
+        ctas = bh * math.ceil(tiled / counts.tile_rows)
+        swept_padded = math.ceil(swept / counts.tile_cols) * counts.tile_cols
+        tile_clk = counts.tile_rows * swept_padded * cycles_per_element(counts, rates, overlap)
+        compute_s = math.ceil(ctas / rates.num_sms) * tile_clk / rates.clock_hz
     memory_s = kernel.bytes() / rates.hbm_bytes_per_s
     return launches * overlap.launch_s + pnorm((compute_s, memory_s), overlap.exponent)

@@ -12,6 +12,11 @@ without renaming:
   forward (Q, K, V read, O written; ``4 BH S_q S_kv D`` FLOPs), op ``attention_bwd`` the
   backward (Q, K, V, O, dO read, dQ, dK, dV written, plus an fp32 dQ accumulator;
   ``2.5x`` the forward FLOPs: five matmuls to the forward's two, flash-attention's convention).
+  Ops ``attention_causal`` and ``attention_causal_bwd`` are the same kernels with
+  ``causal=True`` (every decoder's self-attention): flash-attention >= 2.1 aligns the mask to
+  the bottom right, query row ``r`` sees keys ``0 .. r + S_kv - S_q``, and FLOPs count only
+  those unmasked pairs (`causal_pairs`: ``S (S + 1) / 2`` for ``S_q = S_kv = S``), the bytes
+  stay the non-causal minimum (every operand still read once).
 * ``elementwise``, ``softmax``, ``layernorm``, ``memory``: dims ``(B, H)``, a tensor of
   ``B`` rows of ``H`` elements; softmax and layer norm normalise over ``H``.
 
@@ -106,8 +111,15 @@ FAMILY_OPS: dict[OpFamily, tuple[str, ...]] = {
     OpFamily.SOFTMAX: ("softmax",),
     OpFamily.LAYERNORM: ("layernorm",),
     OpFamily.MEMORY: tuple(MEMORY_OPS),
-    OpFamily.ATTENTION: ("attention", "attention_bwd"),
+    OpFamily.ATTENTION: (
+        "attention",
+        "attention_bwd",
+        "attention_causal",
+        "attention_causal_bwd",
+    ),
 }
+ATTENTION_BACKWARD_OPS = frozenset({"attention_bwd", "attention_causal_bwd"})
+CAUSAL_ATTENTION_OPS = frozenset({"attention_causal", "attention_causal_bwd"})
 
 # FLOPs per element of the row families other than element-wise.
 ROW_FLOPS_PER_ELEMENT: dict[OpFamily, int] = {
@@ -138,6 +150,15 @@ def resolve_op(op: str) -> tuple[OpFamily, str]:
             return family, ops[0]
     known = sorted({*NEUSIGHT_OPS, *(o for ops in FAMILY_OPS.values() for o in ops)})
     raise ValueError(f"unknown op {op!r}; accepted: {', '.join(known)}")
+
+
+def causal_pairs(s_q: int, s_kv: int) -> int:
+    """Unmasked (query, key) pairs of a causal mask aligned to the bottom right
+    (flash-attention >= 2.1): query row ``r`` sees keys ``0 .. r + S_kv - S_q``."""
+    offset = s_kv - s_q
+    if offset >= 0:
+        return s_q * (s_q + 1) // 2 + s_q * offset
+    return s_kv * (s_kv + 1) // 2  # the first S_q - S_kv rows see no key
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,8 +200,9 @@ class KernelSpec:
             return float(2 * B * M * N * K + bias)
         if self.family is OpFamily.ATTENTION:
             bh, s_q, s_kv, d = self.dims
-            matmuls = 5 if self.op == "attention_bwd" else 2  # bwd: S, dP, dV, dK, dQ
-            return float(2 * matmuls * bh * s_q * s_kv * d)  # 2 FLOPs per FMA
+            matmuls = 5 if self.op in ATTENTION_BACKWARD_OPS else 2  # bwd: S, dP, dV, dK, dQ
+            pairs = causal_pairs(s_q, s_kv) if self.op in CAUSAL_ATTENTION_OPS else s_q * s_kv
+            return float(2 * matmuls * bh * pairs * d)  # 2 FLOPs per FMA
         B, H = self.dims
         if self.family is OpFamily.ELEMENTWISE:
             per_elem = ELEMENTWISE_OPS[self.op][1]
@@ -199,7 +221,8 @@ class KernelSpec:
             return float(s * (B * M * N + N * K + K + B * M * K))
         if self.family is OpFamily.ATTENTION:
             bh, s_q, s_kv, d = self.dims
-            if self.op == "attention_bwd":  # Q, O, dO, dQ; K, V, dK, dV; fp32 dQ zero/add/read
+            if self.op in ATTENTION_BACKWARD_OPS:  # Q, O, dO, dQ; K, V, dK, dV; fp32 dQ
+                # zero, add and read
                 return float(s * bh * d * (4 * s_q + 4 * s_kv) + 3 * 4 * bh * s_q * d)
             return float(s * bh * d * (2 * s_q + 2 * s_kv))  # read Q, K, V; write O
         B, H = self.dims

@@ -20,8 +20,10 @@ GEMM (bmm, linear) in tf32/fp16/bf16/fp8, the way CUTLASS/cuBLAS kernels run the
   fp8 GEMMs write bf16 outputs.
 
 Attention (flash-attention 2, forward op ``attention`` and backward op ``attention_bwd``,
-non-causal, fp16/bf16): `forecast.flash_attention`, FA2's own tiles on the tensor, shared-memory
-and special-function/FP32 pipes of an SM (no Hopper discount for ``mma.sync``: see that module).
+non-causal, and their causal twins ``attention_causal``, ``attention_causal_bwd``, fp16/bf16):
+`forecast.flash_attention`, FA2's own tiles on the tensor, shared-memory and
+special-function/FP32 pipes of an SM (no Hopper discount for ``mma.sync``: see that module);
+calibrated on non-causal figures only, the causal ops visit fewer tiles at the same costs.
 
 The fitted constants live in ``data/tensor_core.toml``, written by `calibrate` from
 measurements only (``shared/data/hardware/microbenchmarks.json``; H100 records are never

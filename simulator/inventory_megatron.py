@@ -4,8 +4,18 @@ Fused kernels and how they are modelled with the forecaster's families:
 
 * fused layer norm / RMSNorm: one ``layernorm`` kernel (backward: the rule of `oprules`); an
   RMSNorm owns a weight and no bias;
-* flash attention: no ``S x S`` tensor in DRAM; forward = the two attention GEMMs (QK^T, AV)
-  as ``bmm`` kernels, backward = five (recomputed QK^T, dV, dP, dQ, dK); with
+* flash attention: no ``S x S`` tensor in DRAM; in fp16/bf16 one FlashAttention-2 kernel
+  forward and one backward (``attention`` family), causal (``attention_causal``,
+  ``attention_causal_bwd``: the blocks above the diagonal skipped, about half the work) in
+  every decoder stack (GPT-2, OPT, Llama, Mixtral) and non-causal in BERT's encoder; with
+  context parallelism the shard's sequence is ``S/cp`` and `stagecost` prices ``cp`` ring
+  steps of the local causal kernel: TransformerEngine's load-balanced ring runs one causal
+  diagonal step and ``cp - 1`` half-masked ones, the same unmasked pairs per rank, the causal
+  fraction of the whole ``S x S`` matrix over ``cp``, to within the diagonal blocks (``cp``
+  local diagonals priced where one runs: about ``1 / n`` more tiles at ``n`` local blocks of
+  128 rows). Other dtypes (FlashAttention-2 has no fp8/fp32 kernels the forecaster models)
+  keep the GEMM-shaped stand-in: forward the two attention GEMMs (QK^T, AV) as ``bmm``
+  kernels, backward five (recomputed QK^T, dV, dP, dQ, dK), non-causal; with
   ``Workload.attention = "unfused"``, Megatron's ``CoreAttention`` before FlashAttention
   instead (`unfused_attention`): ``baddbmm`` QK^T, the fused scale-mask-softmax kernel (16-bit;
   fp32 falls back to ``masked_fill`` + eager softmax), attention dropout, ``bmm`` AV and the
@@ -21,17 +31,26 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from forecast.kernels import ITEMSIZE_BYTES, KernelSpec, OpFamily
+from forecast.kernels import FAMILY_OPS, ITEMSIZE_BYTES, Dtype, KernelSpec, OpFamily
 from simulator import oprules as r
 from simulator.inventory_hf import Sizes, attention_core, sizes
 from simulator.models import ModelSpec
 from simulator.opgraph import Block, Workload
 from simulator.oprules import FrameworkOp
 
+ATTN = OpFamily.ATTENTION
+FLASH_KERNEL_DTYPES = frozenset({Dtype.FP16, Dtype.BF16})  # `tensor_core.ATTENTION_DTYPES`
 
-def flash_attention(z: Sizes) -> FrameworkOp:
-    """FlashAttention-2 forward and backward as GEMM-shaped kernels."""
+
+def flash_attention(z: Sizes, *, causal: bool = True) -> FrameworkOp:
+    """FlashAttention-2 forward and backward: its own kernels in fp16/bf16 (causal for a
+    decoder), else GEMM-shaped stand-ins (module docstring)."""
     bh = z.B * z.nh
+    if z.dt in FLASH_KERNEL_DTYPES:
+        fw, bw = ("attention_causal", "attention_causal_bwd") if causal else FAMILY_OPS[ATTN][:2]
+        dims = (bh, z.S, z.S, z.d)
+        fw_k, bw_k = KernelSpec(ATTN, dims, z.dt, fw), KernelSpec(ATTN, dims, z.dt, bw)
+        return FrameworkOp("flash_attention", (fw_k,), (bw_k,))
     qk = KernelSpec(OpFamily.BMM, (bh, z.S, z.d, z.S), z.dt)
     av = KernelSpec(OpFamily.BMM, (bh, z.S, z.S, z.d), z.dt)
     grad_k = KernelSpec(OpFamily.BMM, (bh, z.S, z.S, z.d), z.dt)
@@ -89,7 +108,9 @@ def decoder(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
             *(_ffn(m, z, rows) * (m.local_experts or m.num_experts)),
             r.memory("unpermute", "copy", (z.T * m.experts_per_token, z.H), z.dt, bw_op="copy"),
         ]
-    attention = [flash_attention(z)] if run.attention == "flash" else unfused_attention(z)
+    causal = m.architecture != "bert"  # BERT's encoder attends both ways
+    flash = [flash_attention(z, causal=causal)]
+    attention = flash if run.attention == "flash" else unfused_attention(z)
     layer = [
         _norm("input_norm", m, z),
         r.linear("qkv", z.T, (z.H, qkv), z.dt, bias=m.bias),

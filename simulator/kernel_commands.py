@@ -40,13 +40,15 @@ def add_kernel_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     q.add_argument(
         "--op",
         required=True,
-        help="gemm, bmm, linear, attention, attention_bwd, add, gelu, softmax, ln, copy, ...",
+        help="gemm, bmm, linear, attention, attention_bwd, attention_causal, "
+        "attention_causal_bwd, add, gelu, softmax, ln, copy, ...",
     )
     q.add_argument(
         "--dims",
         required=True,
         help="M,N,K for gemm (K the reduction); B,M,N,K for bmm/linear (N the reduction); "
-        "BH,S_q,S_kv,D for attention (non-causal flash attention 2; causal is not modelled); "
+        "BH,S_q,S_kv,D for attention (flash attention 2: attention, attention_bwd non-causal; "
+        "attention_causal, attention_causal_bwd causal, the mask aligned bottom right); "
         "B,H for vector ops",
     )
     q.add_argument(

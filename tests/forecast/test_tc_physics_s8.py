@@ -193,12 +193,13 @@ def test_attention_cli_errors_name_the_field(capsys: pytest.CaptureFixture[str])
     assert code == 2 and "dtype tf32" in err and "fp16 or bf16" in err
 
 
-def test_predict_help_says_what_attention_dims_are_and_that_causal_is_not_modelled(
+def test_predict_help_says_what_attention_dims_are_and_which_ops_are_causal(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert main(["kernels", "predict", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "BH,S_q,S_kv,D" in text and "non-causal" in text and "M,N,K for gemm" in text
+    assert "BH,S_q,S_kv,D" in text and "M,N,K for gemm" in text
+    assert "attention_bwd non-causal" in text and "attention_causal_bwd causal" in text
     assert "fp8" in text  # the dtypes the default (auto) model takes, not 'fp32 (tile-mlp)'
 
 
