@@ -142,7 +142,7 @@ def _stage_mb_s(cache: ScreenCache, layout: Layout) -> list[float]:
     layer += lc.ep_fw_s + lc.ep_bw_s
     cp_fw = max(0.0, lc.cp_fw_s - bt.attention_fw_s)  # again when the attention is recomputed
     layer += cp_fw * (2 if run.recompute != "none" else 1)
-    layer += max(0.0, lc.cp_bw_s - 2.5 * bt.attention_fw_s)
+    layer += max(0.0, lc.cp_bw_s - bt.attention_bw_s)
     pp, v = run.pp, layout.chunks
     out = []
     for s in range(pp):

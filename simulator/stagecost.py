@@ -74,6 +74,7 @@ class ShardKernels:
     layer_fw: Counted
     layer_bw: Counted
     attention_fw: Counted
+    attention_bw: Counted
     head_fw: Counted
     head_bw: Counted
     col_dgrad: tuple[Counted, ...]
@@ -99,6 +100,7 @@ class BlockTimes:
     layer_fw_s: float
     layer_bw_s: float
     attention_fw_s: float
+    attention_bw_s: float  # the backward of `attention_fw_s`: what a CP ring step hides behind
     head_fw_s: float
     head_bw_s: float
     adam_s_per_param: float
@@ -213,6 +215,7 @@ def shard_kernels(inputs: SimInputs, run: RunConfig) -> ShardKernels:
         layer_fw=_block_kernels(layer, w, run, backward=False),
         layer_bw=_block_kernels(layer, w, run, backward=True),
         attention_fw=_block_kernels(layer, w, run, backward=False, only=ATTENTION_OPS),
+        attention_bw=_block_kernels(layer, w, run, backward=True, only=ATTENTION_OPS),
         head_fw=_block_kernels(head, w, run, backward=False),
         head_bw=_block_kernels(head, w, run, backward=True),
         col_dgrad=_column_gemms(layer, w, wgrad=False),
@@ -237,15 +240,16 @@ def _attention_s(kernels: Counted, table: LatencyTable, run: RunConfig) -> float
 def block_times(sk: ShardKernels, table: LatencyTable, run: RunConfig) -> BlockTimes:
     """Seconds per block and phase for one micro-batch (recompute not yet added)."""
     attn_fw = _attention_s(sk.attention_fw, table, run)
-    # Attention backward is ~2.5x its forward (5 GEMMs vs 2); scale the ring steps the same.
+    attn_bw = _attention_s(sk.attention_bw, table, run)  # its own kernels (FA2: ~2.7x forward)
     layer_fw = _sum_s(sk.layer_fw, table) + attn_fw * (1 - 1 / run.cp)
-    layer_bw = _sum_s(sk.layer_bw, table) + 2.5 * attn_fw * (1 - 1 / run.cp)
+    layer_bw = _sum_s(sk.layer_bw, table) + attn_bw * (1 - 1 / run.cp)
     return BlockTimes(
         embed_fw_s=_sum_s(sk.embed_fw, table),
         embed_bw_s=_sum_s(sk.embed_bw, table),
         layer_fw_s=layer_fw,
         layer_bw_s=layer_bw,
         attention_fw_s=attn_fw,
+        attention_bw_s=attn_bw,
         head_fw_s=_sum_s(sk.head_fw, table),
         head_bw_s=_sum_s(sk.head_bw, table),
         adam_s_per_param=sk.optimizer_bytes_per_param * table[ADAM_REF] / ADAM_REF.bytes(),

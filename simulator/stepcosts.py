@@ -64,7 +64,7 @@ def _chunk_cost(
     )
     bw = layers * (bt.layer_bw_s + recompute)
     bw += (bt.embed_bw_s if first else 0.0) + (bt.head_bw_s if last else 0.0)
-    cp_bw_hidden = 2.5 * bt.attention_fw_s
+    cp_bw_hidden = bt.attention_bw_s
     cp_fw_exposed = max(0.0, lc.cp_fw_s - bt.attention_fw_s)
     # a recomputed attention core (selective or full) runs its forward ring again
     cp_redo = cp_fw_exposed if run.recompute != "none" else 0.0
