@@ -20,7 +20,11 @@ Bytes per collective (nccl-tests size S; ``A = micro_batch * seq/cp * hidden * i
   dV accumulated so far (a ring pass of twice the bytes: all-gather plus reduce-scatter);
   overlapped with the attention core, only the excess is exposed. A recomputed attention core
   (selective or full recompute) runs its forward ring again (`stepcosts`).
-* EP (MoE), per MoE layer: 2 all-to-alls of ``A * experts_per_token`` forward, 2 backward.
+* EP (MoE), per MoE layer: 2 all-to-alls of ``A * experts_per_token`` forward, 2 backward,
+  ``/ tp`` with sequence parallelism (each TP rank dispatches its own ``s / tp`` tokens; the
+  expert shards' TP gather of the routed tokens is left in the layer's MLP all-gather and
+  reduce-scatter of ``A``, ``experts_per_token`` times too small). Megatron-LM runs MoE with
+  tp > 1 only with sequence parallelism; without it the whole micro-batch is dispatched.
 * PP: one send-recv of ``A / tp`` per stage boundary and micro-batch, each direction (Megatron's
   scatter/gather optimisation: each TP rank sends one slice, then the receiving TP group
   all-gathers ``A`` over its node fabric before the next stage can start; with sequence
@@ -96,7 +100,9 @@ def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
     tp_one = ag + rs if sp else ar
     kv = 2 * run.micro_batch_size * inputs.seq_len * m.kv_heads * m.dhead / run.tp
     kv_bytes = kv * ITEMSIZE_BYTES[inputs.dtype]
-    a2a = a * m.experts_per_token
+    # each TP rank dispatches its own s/tp tokens under sequence parallelism (Megatron-core's
+    # all-to-all dispatcher: num_local_tokens = s/tp x b), its expert shard then gathering them
+    a2a = a * m.experts_per_token / (run.tp if sp else 1)
     ep = 2 * collective_s("all-to-all", a2a, layout.ep_group, cl) if m.num_experts > 1 else 0.0
     return LayerComm(
         tp_fw_s=2 * tp_one,

@@ -99,7 +99,8 @@ def test_cp_of_one_is_no_context_parallelism() -> None:
 @pytest.mark.parametrize(("ep", "tp"), [(2, 1), (4, 1), (4, 2)])
 def test_moe_all_to_all_bytes_closed_form(ep: int, tp: int) -> None:
     """Per MoE layer and micro-batch: dispatch and combine, each an all-to-all of
-    ``b * s/cp * h * top_k`` bytes over the ep ranks, forward; the same backward."""
+    ``b * s/cp * h * top_k`` bytes over the ep ranks (``/ tp`` under sequence parallelism:
+    each TP rank dispatches its own s/tp tokens), forward; the same backward."""
     sets = ("model.num_experts=8", "model.experts_per_token=2", "cluster.num_gpus=16")
     inputs = _tiny(*sets)
     run = RunConfig(tp=tp, pp=1, cp=2, dp=0, ep=ep, micro_batch_size=1, sequence_parallel=tp > 1)
@@ -107,7 +108,8 @@ def test_moe_all_to_all_bytes_closed_form(ep: int, tp: int) -> None:
     m = inputs.model
     a = run.micro_batch_size * inputs.seq_len // run.cp * m.hidden_size * 2  # bf16
     assert activation_bytes(inputs, lay) == a
-    one = collective_s("all-to-all", a * m.experts_per_token, lay.ep_group, inputs.cluster)
+    per_rank = a * m.experts_per_token / tp
+    one = collective_s("all-to-all", per_rank, lay.ep_group, inputs.cluster)
     lc = layer_comm(inputs, lay)
     assert one > 0
     assert (lc.ep_fw_s, lc.ep_bw_s) == (2 * one, 2 * one)
@@ -150,3 +152,18 @@ def test_a_cp_backward_ring_step_hides_behind_the_attention_backward_kernels() -
     assert bt.attention_bw_s == pytest.approx(sum(table[k] * n for k, n in sk.attention_bw) * 8)
     assert {k.op for k, _ in sk.attention_bw} == {"attention_causal_bwd"}
     assert bt.attention_bw_s != pytest.approx(2.5 * bt.attention_fw_s, rel=1e-3)
+
+
+def test_moe_all_to_all_under_sequence_parallelism_moves_a_ranks_own_tokens() -> None:
+    """With sequence parallelism each TP rank dispatches its own s/tp tokens (it moved the
+    whole s, tp times the bytes); without it the whole micro-batch is dispatched."""
+    inputs = _tiny("model.num_experts=8", "model.experts_per_token=2", "cluster.num_gpus=16")
+    run = RunConfig(tp=2, pp=1, cp=1, dp=0, ep=4, micro_batch_size=1, sequence_parallel=True)
+    lay = layout_of(inputs, run)
+    a = activation_bytes(inputs, lay) * inputs.model.experts_per_token
+    one = collective_s("all-to-all", a / 2, lay.ep_group, inputs.cluster)
+    assert layer_comm(inputs, lay).ep_fw_s == 2 * one
+    whole = layout_of(inputs, run.model_copy(update={"sequence_parallel": False}))
+    assert layer_comm(inputs, whole).ep_fw_s == 2 * collective_s(
+        "all-to-all", a, whole.ep_group, inputs.cluster
+    )
