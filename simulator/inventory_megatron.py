@@ -13,7 +13,8 @@ Fused kernels and how they are modelled with the forecaster's families:
   diagonal step and ``cp - 1`` half-masked ones, the same unmasked pairs per rank, the causal
   fraction of the whole ``S x S`` matrix over ``cp``, to within the diagonal blocks (``cp``
   local diagonals priced where one runs: about ``1 / n`` more tiles at ``n`` local blocks of
-  128 rows). Other dtypes (FlashAttention-2 has no fp8/fp32 kernels the forecaster models)
+  128 rows). fp8 training runs them in bf16, as TransformerEngine does by default (fp8 for
+  the GEMMs only). Other dtypes (FlashAttention-2 has no fp32 kernels the forecaster models)
   keep the GEMM-shaped stand-in: forward the two attention GEMMs (QK^T, AV) as ``bmm``
   kernels, backward five (recomputed QK^T, dV, dP, dQ, dK), non-causal; with
   ``Workload.attention = "unfused"``, Megatron's ``CoreAttention`` before FlashAttention
@@ -43,13 +44,15 @@ FLASH_KERNEL_DTYPES = frozenset({Dtype.FP16, Dtype.BF16})  # `tensor_core.ATTENT
 
 
 def flash_attention(z: Sizes, *, causal: bool = True) -> FrameworkOp:
-    """FlashAttention-2 forward and backward: its own kernels in fp16/bf16 (causal for a
-    decoder), else GEMM-shaped stand-ins (module docstring)."""
+    """FlashAttention-2 forward and backward: its own kernels in fp16/bf16, and in bf16 for
+    fp8 training (causal for a decoder), else GEMM-shaped stand-ins (module docstring)."""
     bh = z.B * z.nh
-    if z.dt in FLASH_KERNEL_DTYPES:
+    # fp8 training runs its attention in bf16 (TransformerEngine's default: fp8 GEMMs only)
+    dt = Dtype.BF16 if z.dt is Dtype.FP8 else z.dt
+    if dt in FLASH_KERNEL_DTYPES:
         fw, bw = ("attention_causal", "attention_causal_bwd") if causal else FAMILY_OPS[ATTN][:2]
         dims = (bh, z.S, z.S, z.d)
-        fw_k, bw_k = KernelSpec(ATTN, dims, z.dt, fw), KernelSpec(ATTN, dims, z.dt, bw)
+        fw_k, bw_k = KernelSpec(ATTN, dims, dt, fw), KernelSpec(ATTN, dims, dt, bw)
         return FrameworkOp("flash_attention", (fw_k,), (bw_k,))
     qk = KernelSpec(OpFamily.BMM, (bh, z.S, z.d, z.S), z.dt)
     av = KernelSpec(OpFamily.BMM, (bh, z.S, z.S, z.d), z.dt)

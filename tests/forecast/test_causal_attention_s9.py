@@ -199,3 +199,24 @@ def test_bert_encoder_stays_non_causal() -> None:
     kernels = build_ops(bert, run).ops
     ops = {op.kernel.op for op in kernels if op.kernel.family is OpFamily.ATTENTION}
     assert ops == {"attention", "attention_bwd"}
+
+
+def test_fp8_training_runs_its_flash_attention_in_bf16() -> None:
+    """TransformerEngine's default fp8 recipe runs the GEMMs in fp8 and attention in bf16: the
+    Megatron inventory in fp8 emits the bf16 causal FA2 kernels (it emitted fp8 GEMM-shaped
+    non-causal stand-ins), so fp8 and bf16 runs price attention alike."""
+    model = load_model("llama3-8b")
+    kernels = {}
+    for dtype in (Dtype.FP8, Dtype.BF16):
+        run = Workload(batch=1, seq=1024, mode="train", framework="megatron", dtype=dtype)
+        graph = build_ops(model, run)
+        kernels[dtype] = sorted(
+            (op.kernel.op, op.kernel.dtype.value, op.count)
+            for op in graph.ops
+            if op.kernel.family is OpFamily.ATTENTION
+        )
+    assert kernels[Dtype.FP8] == kernels[Dtype.BF16]
+    assert {k[:2] for k in kernels[Dtype.FP8]} == {
+        ("attention_causal", "bf16"),
+        ("attention_causal_bwd", "bf16"),
+    }
