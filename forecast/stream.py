@@ -54,14 +54,10 @@ def trivial_kernel(k: KernelSpec) -> KernelSpec:
 
 def stream_table(kernels: Iterable[KernelSpec], gpu: GPUSpec, model: LatencyModel) -> LatencyTable:
     """Device seconds of every distinct kernel when it runs in a stream (module docstring)."""
-    out = _device_table(forecast_table(kernels, gpu, model), gpu, model)
-    twins = {k: [replace(k, dtype=d) for d in WIDER if _bounded_by(k, d, gpu)] for k in out}
-    twin_s = _device_table(
-        forecast_table((t for ts in twins.values() for t in ts), gpu, model), gpu, model
-    )
-    for k, ts in twins.items():
-        out[k] = min([out[k], *(twin_s[t] for t in ts)])
-    return out
+    twins = {k: [replace(k, dtype=d) for d in WIDER if _bounded_by(k, d, gpu)] for k in kernels}
+    every = {*twins, *(t for ts in twins.values() for t in ts)}  # one batched forecast
+    device = _device_table(forecast_table(every, gpu, model), gpu, model)
+    return {k: min([device[k], *(device[t] for t in twins[k])]) for k in device if k in twins}
 
 
 def _device_table(called: LatencyTable, gpu: GPUSpec, model: LatencyModel) -> LatencyTable:

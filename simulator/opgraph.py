@@ -64,8 +64,9 @@ class Workload(BaseModel):
     @classmethod
     def _default_attention(cls, data: object) -> object:
         if isinstance(data, dict) and data.get("attention") is None:
-            wide = str(data.get("dtype", Dtype.FP32)) in (Dtype.FP32, Dtype.TF32)
-            return {**data, "attention": "unfused" if wide else "flash"}
+            # a plain string here (a bad dtype is the dtype field's error, not this one's)
+            dtype = str(data.get("dtype", Dtype.FP32))
+            return {**data, "attention": default_attention(dtype)}
         return data
 
     @model_validator(mode="after")
@@ -81,6 +82,12 @@ class Workload(BaseModel):
     def tokens(self) -> int:
         """Tokens per forward pass."""
         return self.batch * self.seq
+
+
+def default_attention(dtype: str) -> Literal["flash", "unfused"]:
+    """Megatron's attention when none is named: FlashAttention for 16- and 8-bit dtypes,
+    unfused for fp32/tf32 (FlashAttention has no fp32 kernels)."""
+    return "unfused" if dtype in (Dtype.FP32, Dtype.TF32) else "flash"
 
 
 # AMD ISAs with FlashAttention-2 kernels (ROCm's composable-kernel backend: MI200, MI300)

@@ -22,7 +22,12 @@ from forecast.gpus import GPUError, GPUSpec, load_gpu
 from forecast.kernels import Dtype
 from simulator.errors import ConfigError
 from simulator.models import ModelSpec, load_model
-from simulator.opgraph import FLASH_ATTENTION_AMD_ISAS, MAX_TOKENS, has_flash_attention
+from simulator.opgraph import (
+    FLASH_ATTENTION_AMD_ISAS,
+    MAX_TOKENS,
+    default_attention,
+    has_flash_attention,
+)
 from simulator.parallel import RunConfig
 from topologies import Cluster, ClusterSpec, TopologyError, load_network, load_server
 
@@ -295,7 +300,7 @@ def resolve_attention(t: TrainingSection, gpu: GPUSpec) -> Attention:
         return "unfused"
     flash_ok = has_flash_attention(gpu)
     if t.attention == "auto":
-        return "unfused" if t.dtype in (Dtype.FP32, Dtype.TF32) or not flash_ok else "flash"
+        return default_attention(t.dtype) if flash_ok else "unfused"
     if t.attention == "flash" and not flash_ok:
         raise ConfigError(
             f"training.attention: flash, but FlashAttention-2 has no kernels for {gpu.name} "

@@ -118,11 +118,15 @@ class Space:
 
     contexts: tuple[Context, ...]
     points: tuple[Point, ...]
-    pruned: int
     train_tokens: float | None
     # (rule, layouts pruned by it, the first one's reason), most first: "duplicate", "sizes"
     # (`_cheap_ok`), else the key a `ConfigError` names ("run.virtual_stages")
     pruned_by: tuple[tuple[str, int, str], ...] = ()
+
+    @property
+    def pruned(self) -> int:
+        """Layouts pruned before screening, all rules together."""
+        return sum(n for _, n, _ in self.pruned_by)
 
     def pruned_text(self) -> str:
         """The pruned layouts by rule, one clause each, for a message or the report."""
@@ -355,7 +359,6 @@ def enumerate_space(scenario: Scenario) -> Space:
     return Space(
         contexts=tuple(contexts),
         points=tuple(sorted(points, key=_sort_key)),
-        pruned=sum(why.values()),
         train_tokens=_train_tokens(scenario),
         pruned_by=tuple(
             (rule, n, example[rule])
