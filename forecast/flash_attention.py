@@ -41,6 +41,21 @@ what a non-causal one does (the diagonal's masking is not charged). The CTAs' sw
 unequal and the block scheduler hands the next CTA to the first free SM, so the busiest SM is
 taken to run the balanced share, ``ceil(pairs / SMs)``, and at least the longest CTA; with
 equal sweeps that is never more than the non-causal ``ceil(CTAs / SMs)`` sweeps.
+
+Split-KV (FA2's ``flash_fwd_splitkv_kernel``, what decoding with a KV cache runs): a forward
+of at most 64 query rows (one split-KV query block: decoding, the case FA2 writes it for, "we
+don't expect seqlen_q to be larger than 64 for inference"; longer queries keep the calibrated
+kernel above) may cut the keys into ``n`` chunks, each a CTA of 64 query rows and ``block_n``
+key rows (256 at head dim <= 64, 128 at <= 128, else 64; 4 warps; FA2's ``set_params_splitkv``
+in ``csrc/flash_attn/flash_api.cpp``), writing fp32 partial outputs and log-sum-exps that a
+second kernel (``flash_fwd_splitkv_combine_kernel``) reads back and reduces. FA2 picks ``n``
+by a wave-efficiency rule over ``2 x SMs`` CTA slots (``num_splits_heuristic``); here ``n``
+is the count from 1 (the one-pass kernel) to FA2's 128 that this model rates fastest. The
+literal rule steps with the SM count, so that a GPU with more SMs and the same everything
+else would be forecast slower on some shapes; the best count never is, never is slower than
+one pass, and is what the rule aims at (fill the SMs). A causal forward that splits (FA2 turns
+a one-row query's causal mask off) is charged every key block, at most ``S_q / S_kv`` of its
+pairs too many.
 """
 
 from __future__ import annotations
@@ -48,6 +63,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from forecast.kernels import ATTENTION_BACKWARD_OPS, CAUSAL_ATTENTION_OPS, KernelSpec
 
@@ -177,6 +194,36 @@ def causal_sweeps(s_q: int, s_kv: int, counts: PipeCounts, *, backward: bool) ->
     ]
 
 
+SPLITKV_BLOCK_M = 64  # query rows of a split-KV CTA (FA2's run_mha_fwd_splitkv_dispatch)
+MAX_SPLITS = 128  # FA2: "num_splits > 128 not supported"
+
+
+def splitkv_block_n(head_dim: int) -> int:
+    """Key rows per split-KV tile: FA2's ``block_n`` for the head dim."""
+    return 256 if head_dim <= 64 else 128 if head_dim <= 128 else 64
+
+
+def splitkv_times_s(kernel: KernelSpec, rates: SMRates, overlap: Overlap) -> np.ndarray:
+    """Seconds of a split-KV forward and its combine kernel at 2 .. `MAX_SPLITS` splits
+    (module docstring): the busiest SM runs ``ceil(CTAs / SMs)`` CTAs of 64 query rows, each
+    sweeping its chunk of ``ceil(blocks / n)`` key blocks; DRAM moves the kernel's bytes plus
+    the fp32 partial outputs and log-sum-exps, written once and read once."""
+    bh, s_q, s_kv, head_dim = kernel.dims
+    d = kernel_head_dim(head_dim)
+    br, bc, warps = SPLITKV_BLOCK_M, splitkv_block_n(head_dim), 4
+    ldmatrix = 2.0 * d * (br + 2 * warps * bc)  # as `forward_counts`
+    smem = (ldmatrix + 2.0 * 2 * bc * d) / (br * bc)
+    counts = PipeCounts(4.0 * d, smem, 1.0 + 1.0 / bc, 3.5 + d / bc, br, bc)
+    n = np.arange(2, MAX_SPLITS + 1, dtype=np.float64)
+    per_split = np.ceil(math.ceil(s_kv / bc) / n)  # key blocks of one chunk
+    ctas = bh * math.ceil(s_q / br) * n
+    tile_clk = br * per_split * bc * cycles_per_element(counts, rates, overlap)
+    compute_s = np.ceil(ctas / rates.num_sms) * tile_clk / rates.clock_hz
+    partial_bytes = 2.0 * n * bh * s_q * (d + 1) * 4  # fp32 O and LSE per split
+    memory_s = (kernel.bytes() + partial_bytes) / rates.hbm_bytes_per_s
+    return 2 * overlap.launch_s + pnorm((compute_s, memory_s), overlap.exponent)
+
+
 def attention_kernel_s(kernel: KernelSpec, rates: SMRates, overlap: Overlap) -> float:
     """Seconds of one flash-attention-2 kernel (op ``attention``, ``attention_bwd`` or their
     causal twins ``attention_causal``, ``attention_causal_bwd``)."""
@@ -197,4 +244,7 @@ def attention_kernel_s(kernel: KernelSpec, rates: SMRates, overlap: Overlap) -> 
         tile_clk = counts.tile_rows * swept_padded * cycles_per_element(counts, rates, overlap)
         compute_s = math.ceil(ctas / rates.num_sms) * tile_clk / rates.clock_hz
     memory_s = kernel.bytes() / rates.hbm_bytes_per_s
-    return launches * overlap.launch_s + pnorm((compute_s, memory_s), overlap.exponent)
+    one_pass = launches * overlap.launch_s + pnorm((compute_s, memory_s), overlap.exponent)
+    if backward or s_q > SPLITKV_BLOCK_M:
+        return one_pass
+    return min(one_pass, float(splitkv_times_s(kernel, rates, overlap).min()))
