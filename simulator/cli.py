@@ -22,6 +22,7 @@ from simulator.errors import ConfigError, InfeasibleConfig, path_arg
 from simulator.kernel_commands import KERNEL_ERRORS, add_kernel_commands
 from simulator.models import list_models
 from simulator.predict_commands import add_predict_commands
+from simulator.serve_commands import add_serve_command
 from simulator.simulate_commands import add_simulate_commands
 from simulator.space import shipped_scenarios
 from simulator.sweep_commands import add_sweep_commands
@@ -192,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kernels(sub)
     _add_topologies(sub)
     add_predict_commands(sub)
+    add_serve_command(sub)
     add_simulate_commands(sub)
     add_sweep_commands(sub)
     return parser

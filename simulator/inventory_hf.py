@@ -32,11 +32,24 @@ class Sizes:
     d: int
     V: int
     dt: Dtype
+    Sk: int = 0  # keys per query: S, or past + S under a KV cache (0: S)
+    L: int = 0  # rows of the output head: T, or B under a KV cache (0: T)
+    cache: bool = False  # generation with a KV cache (`opgraph.Workload.kv_cache`)
+
+    @property
+    def keys(self) -> int:
+        """Keys each query attends to."""
+        return self.Sk or self.S
+
+    @property
+    def logit_rows(self) -> int:
+        """Rows of the output head."""
+        return self.L or self.T
 
     @property
     def scores(self) -> tuple[int, int]:
         """Attention-score matrix as rows x columns."""
-        return (self.B * self.nh * self.S, self.S)
+        return (self.B * self.nh * self.S, self.keys)
 
 
 def sizes(m: ModelSpec, run: Workload) -> Sizes:
@@ -52,6 +65,9 @@ def sizes(m: ModelSpec, run: Workload) -> Sizes:
         m.dhead,
         m.vocab_size,
         run.dtype,
+        run.keys,
+        run.logit_rows,
+        run.kv_cache,
     )
 
 
@@ -70,14 +86,23 @@ def attention_core(z: Sizes, *, mask_op: str, scale: bool = True) -> list[Framew
     }
     mask = masks[mask_op]()
     return [
-        r.bmm("qk", (bh, z.S, z.d, z.S), z.dt),
+        r.bmm("qk", (bh, z.S, z.d, z.keys), z.dt),
         *([r.elementwise("scale", "divu", z.scores, z.dt)] if scale else []),
         mask,
         r.softmax("softmax", *z.scores, z.dt),
         r.dropout("attn_dropout", *z.scores, z.dt),
-        r.bmm("av", (bh, z.S, z.S, z.d), z.dt),
+        r.bmm("av", (bh, z.S, z.keys, z.d), z.dt),
         r.memory("merge_heads", "copy", (z.T, z.nh * z.d), z.dt),
     ]
+
+
+def cache_append(z: Sizes, kv_width: int) -> list[FrameworkOp]:
+    """Appending a pass's keys and values to HF's ``DynamicCache``: nothing for the first
+    pass (the cache keeps its K and V tensors); after it, ``torch.cat`` of the cached and the
+    new ones, a copy of all ``past + S`` keys and values of every sequence."""
+    if not z.cache or z.keys == z.S:
+        return []
+    return [r.memory("cache_cat", "copy", (z.B * z.keys, 2 * kv_width), z.dt, bw_op="copy")]
 
 
 GELU_NEW = ("mulu", "powu", "mulu", "add", "mulu", "tanh", "addu", "mul")
@@ -97,6 +122,7 @@ def gpt2(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     layer = [
         r.layernorm("ln_1", z.T, z.H, z.dt),
         r.linear("c_attn", z.T, (z.H, 3 * z.H), z.dt),
+        *cache_append(z, z.H),
         *attention_core(z, mask_op="where"),
         r.linear("attn_c_proj", z.T, (z.H, z.H), z.dt),
         *_residual(z, "attn"),
@@ -114,7 +140,7 @@ def gpt2(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     ]
     head = [
         r.layernorm("ln_f", z.T, z.H, z.dt),
-        r.tie(r.linear("lm_head", z.T, (z.H, z.V), z.dt, bias=False), m.tied_embeddings),
+        r.tie(r.linear("lm_head", z.logit_rows, (z.H, z.V), z.dt, bias=False), m.tied_embeddings),
     ]
     return (
         Block("embed", tuple(embed), host_ops=20),
@@ -185,11 +211,12 @@ def opt(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
         r.linear("k_proj", z.T, (z.H, z.H), z.dt),
         r.linear("v_proj", z.T, (z.H, z.H), z.dt),
         *(r.memory(f"split_{x}", "copy", (z.T, z.H), z.dt) for x in "qkv"),
-        r.bmm("qk", (z.B * z.nh, z.S, z.d, z.S), z.dt),
+        *cache_append(z, z.H),
+        r.bmm("qk", (z.B * z.nh, z.S, z.d, z.keys), z.dt),
         r.elementwise("mask_add", "add", scores, z.dt),
         r.maximum("mask_clamp", scores, z.dt),
         r.softmax("softmax", *scores, z.dt),
-        r.bmm("av", (z.B * z.nh, z.S, z.S, z.d), z.dt),
+        r.bmm("av", (z.B * z.nh, z.S, z.keys, z.d), z.dt),
         r.memory("merge_heads", "copy", (z.T, z.H), z.dt),
         r.linear("out_proj", z.T, (z.H, z.H), z.dt),
         *_residual(z, "attn"),
@@ -205,7 +232,7 @@ def opt(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     embed = [
         r.embedding("tokens", z.T, (z.V, e), z.dt),
         *project_in,
-        *(r.memory(f"mask_{i}", "masked_fill", (z.B * z.S, z.S), z.dt) for i in range(5)),
+        *(r.memory(f"mask_{i}", "masked_fill", (z.B * z.S, z.keys), z.dt) for i in range(5)),
         r.embedding("positions", z.T, (m.max_positions, z.H), z.dt),
         r.elementwise("add_pos", "add", (z.T, z.H), z.dt),
         r.dropout("drop", z.T, z.H, z.dt),
@@ -213,7 +240,7 @@ def opt(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     head = [
         r.layernorm("final_ln", z.T, z.H, z.dt),
         *project_out,
-        r.tie(r.linear("lm_head", z.T, (e, z.V), z.dt, bias=False), m.tied_embeddings),
+        r.tie(r.linear("lm_head", z.logit_rows, (e, z.V), z.dt, bias=False), m.tied_embeddings),
     ]
     return (
         Block("embed", tuple(embed), host_ops=40),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from forecast.kernels import Dtype
 from simulator import oprules as r
-from simulator.inventory_hf import Sizes, attention_core, sizes
+from simulator.inventory_hf import Sizes, attention_core, cache_append, sizes
 from simulator.models import ModelSpec
 from simulator.opgraph import Block, Workload
 from simulator.oprules import FrameworkOp
@@ -76,7 +76,7 @@ def llama(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     if m.num_experts > 1:
         rows = m.expert_rows(z.T, z.B)
         ffn = moe_ffn(m, z, swiglu_ffn("expert", rows, z), rows)
-    repeat_kv = [r.memory(f"repeat_{x}", "copy", (z.T, qd), z.dt) for x in "kv"]
+    repeat_kv = [r.memory(f"repeat_{x}", "copy", (z.B * z.keys, qd), z.dt) for x in "kv"]
     layer = [
         *rmsnorm("input_norm", z.T, z.H, z.dt),
         r.linear("q_proj", z.T, (z.H, qd), z.dt, bias=False),
@@ -84,6 +84,7 @@ def llama(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
         r.linear("v_proj", z.T, (z.H, kvd), z.dt, bias=False),
         *rope("rope_q", z.T, qd, z.dt),
         *rope("rope_k", z.T, kvd, z.dt),
+        *cache_append(z, kvd),
         *(repeat_kv if z.kv < z.nh else []),
         *attention_core(z, mask_op="add_row"),
         r.linear("o_proj", z.T, (qd, z.H), z.dt, bias=False),
@@ -95,7 +96,7 @@ def llama(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     embed = [r.embedding("tokens", z.T, (z.V, z.H), z.dt)]
     head = [
         *rmsnorm("norm", z.T, z.H, z.dt),
-        r.tie(r.linear("lm_head", z.T, (z.H, z.V), z.dt, bias=False), m.tied_embeddings),
+        r.tie(r.linear("lm_head", z.logit_rows, (z.H, z.V), z.dt, bias=False), m.tied_embeddings),
     ]
     return (
         Block("embed", tuple(embed), host_ops=10),

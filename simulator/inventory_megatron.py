@@ -50,12 +50,15 @@ def flash_attention(z: Sizes, *, causal: bool = True) -> FrameworkOp:
     # fp8 training runs its attention in bf16 (TransformerEngine's default: fp8 GEMMs only)
     dt = Dtype.BF16 if z.dt is Dtype.FP8 else z.dt
     if dt in FLASH_KERNEL_DTYPES:
+        if z.cache and z.S == 1:  # decoding: FA2 lays a GQA group out as query rows, no mask
+            dims = (z.B * z.kv, z.nh // z.kv, z.keys, z.d)
+            return FrameworkOp("flash_attention", (KernelSpec(ATTN, dims, dt, "attention"),))
         fw, bw = ("attention_causal", "attention_causal_bwd") if causal else FAMILY_OPS[ATTN][:2]
-        dims = (bh, z.S, z.S, z.d)
+        dims = (bh, z.S, z.keys, z.d)
         fw_k, bw_k = KernelSpec(ATTN, dims, dt, fw), KernelSpec(ATTN, dims, dt, bw)
         return FrameworkOp("flash_attention", (fw_k,), (bw_k,))
-    qk = KernelSpec(OpFamily.BMM, (bh, z.S, z.d, z.S), z.dt)
-    av = KernelSpec(OpFamily.BMM, (bh, z.S, z.S, z.d), z.dt)
+    qk = KernelSpec(OpFamily.BMM, (bh, z.S, z.d, z.keys), z.dt)
+    av = KernelSpec(OpFamily.BMM, (bh, z.S, z.keys, z.d), z.dt)
     grad_k = KernelSpec(OpFamily.BMM, (bh, z.S, z.S, z.d), z.dt)
     return FrameworkOp("flash_attention", (qk, av), (qk, av, av, grad_k, grad_k))
 
@@ -117,6 +120,8 @@ def decoder(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     layer = [
         _norm("input_norm", m, z),
         r.linear("qkv", z.T, (z.H, qkv), z.dt, bias=m.bias),
+        # a static KV cache (Megatron's inference): the pass's K and V written into it
+        *([r.memory("kv_cache_write", "copy", (z.T, 2 * z.kv * z.d), z.dt)] if z.cache else []),
         *attention,
         r.linear("proj", z.T, (z.nh * z.d, z.H), z.dt, bias=m.bias),
         r.elementwise("bias_dropout_add", "add", (z.T, z.H), z.dt),
@@ -135,7 +140,8 @@ def decoder(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
             r.embedding("positions", z.S, (m.max_positions, z.H), z.dt),
             r.elementwise("add_positions", "add", (z.T, z.H), z.dt),
         ]
-    head.append(r.tie(r.linear("output", z.T, (e, z.V), z.dt, bias=False), m.tied_embeddings))
+    output = r.linear("output", z.logit_rows, (e, z.V), z.dt, bias=False)
+    head.append(r.tie(output, m.tied_embeddings))
     return (
         Block("embed", tuple(embed)),
         Block("layer", tuple(layer), m.num_layers),

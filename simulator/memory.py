@@ -100,7 +100,7 @@ def step_memory(
 def estimate_memory(model: ModelSpec, run: Workload, gpu: GPUSpec) -> MemoryEstimate:
     """Weights, gradients, Adam state and activations of one training step or inference."""
     item = ITEMSIZE_BYTES[run.dtype]
-    logits = float(run.tokens * model.vocab_size * item)
+    logits = float(run.logit_rows * model.vocab_size * item)
     train = run.mode == "train"
     if train:
         acts = model.total_layers * layer_activation_bytes(model, run) + 2.0 * logits

@@ -59,6 +59,11 @@ class Workload(BaseModel):
     # for 16- and 8-bit dtypes, unfused for fp32/tf32 (FlashAttention has no fp32 kernels),
     # as a scenario's ``attention = "auto"``; `on_gpu` drops flash where the GPU has none.
     attention: Literal["flash", "unfused"] = "flash"
+    # Generation with a KV cache (``inf`` only; `simulator.serve`): the pass appends its
+    # ``seq`` tokens to each sequence's cache after the ``past`` tokens already there, attends
+    # over ``past + seq`` keys, and computes the logits of each sequence's last token only.
+    kv_cache: bool = False
+    past: int = Field(default=0, ge=0, strict=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -71,12 +76,26 @@ class Workload(BaseModel):
 
     @model_validator(mode="after")
     def _bounded(self) -> Workload:
-        if self.batch * self.seq > MAX_TOKENS:
+        if self.batch * self.keys > MAX_TOKENS:
             raise ValueError(
-                f"batch x seq = {self.batch * self.seq:.3g} tokens per pass; at most "
+                f"batch x seq = {self.batch * self.keys:.3g} tokens per pass; at most "
                 f"{MAX_TOKENS:.3g} (2^40) are modelled"
             )
+        if self.past and not self.kv_cache:
+            raise ValueError("past tokens need kv_cache = true (they live in a KV cache)")
+        if self.kv_cache and self.mode != "inf":
+            raise ValueError("kv_cache is for inference (mode inf); a training step has none")
         return self
+
+    @property
+    def keys(self) -> int:
+        """Keys each query of the pass may attend to: the cached ``past`` plus its own."""
+        return self.past + self.seq
+
+    @property
+    def logit_rows(self) -> int:
+        """Rows of the output head: every token, or each sequence's last under a KV cache."""
+        return self.batch if self.kv_cache else self.tokens
 
     @property
     def tokens(self) -> int:
@@ -172,8 +191,14 @@ def _inventories() -> dict[tuple[str, str], InventoryFn]:
 
 def inventory(model: ModelSpec, run: Workload) -> tuple[Block, ...]:
     """The blocks of a model under a framework; an unsupported pair names the supported ones."""
-    model.check_sequence(run.seq)
+    model.check_sequence(run.keys)
     table = _inventories()
+    if run.kv_cache and model.architecture not in KV_CACHE_ARCHITECTURES:
+        have = ", ".join(sorted(KV_CACHE_ARCHITECTURES))
+        raise ConfigError(
+            f"model: {model.id} is a {model.architecture} model; generation with a KV cache "
+            f"is modelled for decoder-only architectures ({have})"
+        )
     key = (run.framework, model.architecture)
     if key not in table:
         have = ", ".join(sorted(f"{f}/{a}" for f, a in table))
@@ -186,6 +211,8 @@ def inventory(model: ModelSpec, run: Workload) -> tuple[Block, ...]:
         )
     return table[key](model, run)
 
+
+KV_CACHE_ARCHITECTURES = frozenset({"gpt2", "opt", "llama", "mixtral"})
 
 # hf-eager inventories of dense models: experts would be counted in memory but not run
 _DENSE_ONLY = {("hf-eager", a) for a in ("gpt2", "bert", "opt")}
@@ -212,8 +239,11 @@ def optimizer_kernels(run: Workload, blocks: tuple[Block, ...]) -> list[Op]:
     writing p, m, v: modelled as two ``add`` and one ``copy`` over all parameters). The
     state it steps is fp32 whatever the workload's dtype (fp32 moments, and fp32 master
     weights in 16-bit training, as `memory.step_memory` counts them), so are its kernels.
-    Tied weights (`FrameworkOp.tied`) are stepped once, with the op that owns them."""
+    Tied weights (`FrameworkOp.tied`) are stepped once, with the op that owns them; no
+    trainable parameter (a traced module without any): no step."""
     n = sum(r * rows * cols for (rows, cols), r in _param_shapes(blocks))
+    if n == 0:
+        return []
     dims = (max(1, -(-n // 65536)), 65536)
     ew, mem = OpFamily.ELEMENTWISE, OpFamily.MEMORY
     if run.framework == "megatron":

@@ -103,7 +103,7 @@ WHOLE_MODEL_LATENCY = ("auto", "tile-mlp", "roofline")
 PREDICT_LATENCY = (*WHOLE_MODEL_LATENCY, DeratedRoofline.name)
 
 
-def _latency_model(kind: str) -> LatencyModel:
+def latency_model(kind: str) -> LatencyModel:
     """A latency model that covers every kernel of a model (`tensor-core` alone covers GEMMs
     and attention: it is for `kernels predict`, and `auto` uses it for those)."""
     if kind not in PREDICT_LATENCY:
@@ -135,7 +135,7 @@ def _predict_module(args: argparse.Namespace) -> int:
         raise ConfigError(f"--module needs {', '.join(missing)}")
     run = _workload({"batch": args.batch, "seq": args.seq, "mode": args.mode}, flags=True)
     gpu = load_gpu(str(args.gpu))
-    res, unmapped = predict_module(args.module, gpu, run, _latency_model(args.latency_model))
+    res, unmapped = predict_module(args.module, gpu, run, latency_model(args.latency_model))
     if args.json:
         print(json.dumps({**res.model_dump(), "unmapped_ops": unmapped}))
         return 0
@@ -164,7 +164,7 @@ def _run_one(
     run = _workload({k: spec[k] for k in RUN_KEYS[2:] if spec.get(k) is not None}, flags=flags)
     model = load_model(str(spec["model"]), data_dir=args.data)
     gpu = load_gpu(str(spec["gpu"]))
-    return predict_run(model, gpu, run, latency or _latency_model(args.latency_model))
+    return predict_run(model, gpu, run, latency or latency_model(args.latency_model))
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -213,7 +213,7 @@ def _predict_runs(args: argparse.Namespace) -> int:
         raise ConfigError(f"--runs {args.runs}: no runs in it; give one JSON object per line")
     if not any(_utf8(line) for line in raw if line.strip()):  # not a text file at all
         raise ConfigError(f"--runs {args.runs}: cannot read it as UTF-8 JSONL (no line is UTF-8)")
-    latency = _latency_model(args.latency_model)  # a bad --latency-model: once, exit 2
+    latency = latency_model(args.latency_model)  # a bad --latency-model: once, exit 2
     failed: list[int] = []
     for i, line in enumerate(raw, 1):
         if not line.strip():

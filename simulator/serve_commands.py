@@ -1,0 +1,82 @@
+"""``tilesim serve``: prefill and decode of a batch of generation requests on one GPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from pydantic import ValidationError
+
+from forecast.gpus import load_gpu
+from simulator.errors import ConfigError, path_arg
+from simulator.models import DEFAULT_DATA_DIR, load_model
+from simulator.predict_commands import PREDICT_LATENCY, latency_model
+from simulator.serve import ServeRequest, ServeResult, serve_forecast
+
+FIX = {
+    "batch": "sequences served together, a whole number > 0",
+    "prompt": "tokens per prompt, a whole number > 0",
+    "gen": "tokens generated per sequence, a whole number > 0",
+    "framework": "megatron (fused kernels, flash attention; default) or hf-eager",
+    "dtype": "bf16 (default), fp16, fp8, tf32 or fp32",
+}
+
+
+def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``serve``."""
+    p = sub.add_parser(
+        "serve",
+        help="generation on one GPU: prefill, per-token decode with a KV cache, throughput",
+    )
+    p.add_argument("--model", required=True, help="catalog id, NeuSight model name, .toml or .json")
+    p.add_argument("--gpu", required=True, help="catalog id, device name, .toml or device .json")
+    p.add_argument("--batch", type=int, required=True, help=FIX["batch"])
+    p.add_argument("--prompt", type=int, required=True, help=FIX["prompt"])
+    p.add_argument("--gen", type=int, required=True, help=FIX["gen"])
+    p.add_argument("--framework", default="megatron", help=FIX["framework"])
+    p.add_argument("--dtype", default="bf16", help=FIX["dtype"])
+    p.add_argument(
+        "--latency-model",
+        default="auto",
+        help=f"{' | '.join(PREDICT_LATENCY)} (auto: the tensor-core model for 16/8-bit "
+        "kernels, tile-mlp for fp32)",
+    )
+    p.add_argument("--data", type=path_arg, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_serve)
+
+
+def _request(args: argparse.Namespace) -> ServeRequest:
+    fields = {k: getattr(args, k) for k in ("batch", "prompt", "gen", "framework", "dtype")}
+    try:
+        return ServeRequest.model_validate(fields)
+    except ValidationError as e:
+        key = str(e.errors()[0]["loc"][0])
+        raise ConfigError(f"--{key} {fields[key]}: use {FIX[key]}") from None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    req = _request(args)
+    latency = latency_model(args.latency_model)
+    model = load_model(str(args.model), data_dir=args.data)
+    gpu = load_gpu(str(args.gpu))
+    res = serve_forecast(model, gpu, req, latency)
+    if args.json:
+        print(json.dumps(res.model_dump()))
+    else:
+        _print(res, req)
+    return 0
+
+
+def _print(res: ServeResult, req: ServeRequest) -> None:
+    print(
+        f"batch {req.batch}, prompt {req.prompt}, gen {req.gen} ({req.framework}, {req.dtype})\n"
+        f"  prefill (time to first token) {res.prefill_ms:10.2f} ms\n"
+        f"  decode, {req.gen - 1} passes       {res.decode_ms:10.2f} ms "
+        f"({res.first_decode_ms:.2f} -> {res.last_decode_ms:.2f} ms per pass, "
+        f"mean {res.tpot_ms:.2f})\n"
+        f"  total                         {res.e2e_ms:10.2f} ms, "
+        f"{res.output_tokens_per_s:,.0f} output tokens/s\n"
+        f"  memory {res.memory_gib:.2f} GiB (weights {res.weights_gib:.2f}, KV cache "
+        f"{res.kv_cache_gib:.2f}), fits={res.fits}, largest batch that fits {res.max_batch}"
+    )
