@@ -12,10 +12,17 @@ time grows smoothly with its context; the steps of FlashAttention's 128-key bloc
 smaller than the spacing).
 
 Static batching: the batch starts and ends together (no continuous batching, no paging,
-no speculative decoding); one GPU (no tensor parallelism). Memory holds the weights, the KV
-cache at its final length (``2 x layers x batch x kv_heads x head_dim x (prompt + gen)``
-elements of the workload's dtype) and the prefill's activations; ``max_batch`` is the
-largest batch that fits, as all three but the weights grow with the batch.
+no speculative decoding). Memory holds the weights, the KV cache at its final length
+(``2 x layers x batch x kv_heads x head_dim x (prompt + gen)`` elements of the workload's
+dtype) and the prefill's activations; ``max_batch`` is the largest batch that fits, as all
+three but the weights grow with the batch.
+
+Tensor parallelism (``tp`` GPUs of one server, Megatron-style as vLLM runs it): each GPU
+holds ``1 / tp`` of the heads, FFN columns and vocabulary (`shard`; KV heads are replicated
+where ``tp`` exceeds them, one a GPU), so every figure above is per GPU; each pass adds
+blocking collectives over NVLink (`topologies.collective_estimate`): two all-reduces of the
+pass's ``tokens x hidden`` activations a layer (attention and MLP outputs), one after the
+vocabulary-parallel embedding, and an all-gather of the last tokens' logits.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from simulator.errors import ConfigError
 from simulator.memory import GIB, estimate_memory
 from simulator.models import ModelSpec
 from simulator.opgraph import Framework, OpGraph, Phase, Workload, build_ops, on_gpu
+from topologies import Cluster, collective_estimate
 
 
 class ServeRequest(BaseModel):
@@ -44,6 +52,7 @@ class ServeRequest(BaseModel):
     gen: int = Field(gt=0, strict=True)  # tokens generated per sequence (the first by prefill)
     framework: Framework = "megatron"
     dtype: Dtype = Dtype.BF16
+    tp: int = Field(default=1, gt=0, strict=True)  # GPUs of one server sharing each layer
 
 
 class ServeResult(BaseModel):
@@ -59,11 +68,50 @@ class ServeResult(BaseModel):
     e2e_ms: float  # prefill + decode
     output_tokens_per_s: float  # batch x gen / e2e
     by_family_ms: dict[str, float]  # kernel time per op family over all passes
+    comm_ms: float  # tensor-parallel collectives over all passes (0 at tp 1)
     weights_gib: float
     kv_cache_gib: float
     memory_gib: float
     fits: bool
     max_batch: int  # the largest batch that fits (0: the weights alone do not)
+
+
+def shard(model: ModelSpec, tp: int) -> ModelSpec:
+    """The part of ``model`` one of ``tp`` GPUs holds (module docstring); a split the heads
+    do not allow is a `ConfigError`."""
+    if tp == 1:
+        return model
+    kv = model.kv_heads
+    if model.num_heads % tp or (kv % tp and tp % kv):
+        raise ConfigError(
+            f"--tp {tp}: {model.id}'s {model.num_heads} heads ({kv} KV heads) do not split "
+            f"over {tp} GPUs; use a tp that divides the heads and divides or is a multiple "
+            "of the KV heads"
+        )
+    return model.model_copy(
+        update={
+            "num_heads": model.num_heads // tp,
+            "num_kv_heads": max(1, kv // tp),
+            "head_dim": model.dhead,
+            "ffn_hidden_size": -(-model.ffn_hidden_size // tp),
+            "vocab_size": -(-model.vocab_size // tp),
+        }
+    )
+
+
+def tp_comm_s(model: ModelSpec, run: Workload, tp: int, cluster: Cluster | None) -> float:
+    """Seconds of one pass's tensor-parallel collectives (module docstring)."""
+    if tp == 1:
+        return 0.0
+    if cluster is None:
+        raise ConfigError(f"--tp {tp} needs the server the GPUs sit in; give --server")
+    ranks = range(tp)
+    item = ITEMSIZE_BYTES[run.dtype]
+    activations = float(run.tokens * model.hidden_size * item)
+    reduce_s = collective_estimate("all-reduce", activations, ranks, cluster).time_s
+    logits = float(run.logit_rows * model.vocab_size * item)
+    gather_s = collective_estimate("all-gather", logits, ranks, cluster).time_s
+    return (2 * model.total_layers + 1) * reduce_s + gather_s
 
 
 def kv_cache_bytes(model: ModelSpec, req: ServeRequest) -> float:
@@ -132,18 +180,31 @@ def serve_forecast(
     req: ServeRequest,
     latency_model: LatencyModel,
     *,
+    cluster: Cluster | None = None,
     overheads: Overheads = FITTED,
 ) -> ServeResult:
-    """Forecast prefill and every decode pass of ``req`` (module docstring)."""
+    """Forecast prefill and every decode pass of ``req`` (module docstring); ``req.tp > 1``
+    needs the ``cluster`` of one server its GPUs sit in."""
     try:  # the last decode pass feeds position prompt + gen - 1
         model.check_sequence(req.prompt + req.gen - 1)
     except ConfigError as e:
         raise ConfigError(f"--prompt + --gen - 1 tokens: {e}") from None
+    if cluster is not None and req.tp > cluster.server.gpus_per_node:
+        raise ConfigError(
+            f"--tp {req.tp}: tensor parallelism stays inside one {cluster.server.id} "
+            f"({cluster.server.gpus_per_node} GPUs); use --tp {cluster.server.gpus_per_node} "
+            "or fewer"
+        )
+    local = shard(model, req.tp)
     runs = [on_gpu(run, gpu) for run in passes(req)]
-    graphs: list[OpGraph] = [build_ops(model, run) for run in runs]
+    graphs: list[OpGraph] = [build_ops(local, run) for run in runs]
     kernels = set().union(*(g.kernels() for g in graphs))
     table = stream_table(kernels, gpu, latency_model)
-    times = [phase_time_s(g, table, Phase.FORWARD, overheads) for g in graphs]
+    comm = [tp_comm_s(model, run, req.tp, cluster) for run in runs]
+    times = [
+        phase_time_s(g, table, Phase.FORWARD, overheads) + c
+        for g, c in zip(graphs, comm, strict=True)
+    ]
     fams = [family_times_s(g, table, overheads) for g in graphs]
     sampled = np.array(decode_samples(req.gen), dtype=np.float64)
     every = np.arange(1, req.gen, dtype=np.float64)
@@ -159,7 +220,7 @@ def serve_forecast(
     prefill_s, steps = times[0], times[1:]
     decode_s = all_passes(steps)
     e2e_s = prefill_s + decode_s
-    weights, kv, total = _memory(model, gpu, req)
+    weights, kv, total = _memory(local, gpu, req)
     return ServeResult(
         prefill_ms=prefill_s * 1e3,
         decode_ms=decode_s * 1e3,
@@ -169,9 +230,10 @@ def serve_forecast(
         e2e_ms=e2e_s * 1e3,
         output_tokens_per_s=req.batch * req.gen / e2e_s,
         by_family_ms={k: v * 1e3 for k, v in families.items()},
+        comm_ms=(comm[0] + all_passes(comm[1:])) * 1e3,
         weights_gib=weights / GIB,
         kv_cache_gib=kv / GIB,
         memory_gib=total / GIB,
         fits=total <= gpu.hbm_bytes,
-        max_batch=max_batch(model, gpu, req),
+        max_batch=max_batch(local, gpu, req),
     )

@@ -7,11 +7,13 @@ import json
 
 from pydantic import ValidationError
 
-from forecast.gpus import load_gpu
+from forecast.gpus import GPUSpec, load_gpu
 from simulator.errors import ConfigError, path_arg
 from simulator.models import DEFAULT_DATA_DIR, load_model
 from simulator.predict_commands import PREDICT_LATENCY, latency_model
 from simulator.serve import ServeRequest, ServeResult, serve_forecast
+from topologies import Cluster
+from topologies.catalog import load_cluster, load_server
 
 FIX = {
     "batch": "sequences served together, a whole number > 0",
@@ -19,6 +21,7 @@ FIX = {
     "gen": "tokens generated per sequence, a whole number > 0",
     "framework": "megatron (fused kernels, flash attention; default) or hf-eager",
     "dtype": "bf16 (default), fp16, fp8, tf32 or fp32",
+    "tp": "GPUs of one server sharing each layer (tensor parallelism), a whole number > 0",
 }
 
 
@@ -29,7 +32,14 @@ def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="generation on one GPU: prefill, per-token decode with a KV cache, throughput",
     )
     p.add_argument("--model", required=True, help="catalog id, NeuSight model name, .toml or .json")
-    p.add_argument("--gpu", required=True, help="catalog id, device name, .toml or device .json")
+    p.add_argument(
+        "--gpu", help="catalog id, device name, .toml or device .json (default: --server's)"
+    )
+    p.add_argument(
+        "--server",
+        help="server id or .toml (tilesim list servers) whose GPUs --tp shares a layer over",
+    )
+    p.add_argument("--tp", type=int, default=1, help=FIX["tp"])
     p.add_argument("--batch", type=int, required=True, help=FIX["batch"])
     p.add_argument("--prompt", type=int, required=True, help=FIX["prompt"])
     p.add_argument("--gen", type=int, required=True, help=FIX["gen"])
@@ -47,7 +57,7 @@ def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _request(args: argparse.Namespace) -> ServeRequest:
-    fields = {k: getattr(args, k) for k in ("batch", "prompt", "gen", "framework", "dtype")}
+    fields = {k: getattr(args, k) for k in ("batch", "prompt", "gen", "framework", "dtype", "tp")}
     try:
         return ServeRequest.model_validate(fields)
     except ValidationError as e:
@@ -59,8 +69,8 @@ def _serve(args: argparse.Namespace) -> int:
     req = _request(args)
     latency = latency_model(args.latency_model)
     model = load_model(str(args.model), data_dir=args.data)
-    gpu = load_gpu(str(args.gpu))
-    res = serve_forecast(model, gpu, req, latency)
+    gpu, cluster = _hardware(args, req)
+    res = serve_forecast(model, gpu, req, latency, cluster=cluster)
     if args.json:
         print(json.dumps(res.model_dump()))
     else:
@@ -68,15 +78,34 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hardware(args: argparse.Namespace, req: ServeRequest) -> tuple[GPUSpec, Cluster | None]:
+    """The GPU, and with ``--server`` the cluster of one such server."""
+    if args.server is None:
+        if args.gpu is None:
+            raise ConfigError("--gpu: required (a catalog id, tilesim list gpus), or --server")
+        if req.tp > 1:
+            raise ConfigError(f"--tp {req.tp}: give --server, the server the GPUs sit in")
+        return load_gpu(str(args.gpu)), None
+    spec = load_server(str(args.server))
+    if args.gpu is not None and load_gpu(str(args.gpu)).id != spec.gpu:
+        raise ConfigError(
+            f"--gpu {args.gpu}: server {spec.id} holds {spec.gpu}; leave out --gpu or give "
+            f"--gpu {spec.gpu}"
+        )
+    return load_gpu(spec.gpu), load_cluster(str(args.server), gpus=req.tp)
+
+
 def _print(res: ServeResult, req: ServeRequest) -> None:
     print(
-        f"batch {req.batch}, prompt {req.prompt}, gen {req.gen} ({req.framework}, {req.dtype})\n"
+        f"batch {req.batch}, prompt {req.prompt}, gen {req.gen} ({req.framework}, {req.dtype}, "
+        f"tp {req.tp})\n"
         f"  prefill (time to first token) {res.prefill_ms:10.2f} ms\n"
         f"  decode, {req.gen - 1} passes       {res.decode_ms:10.2f} ms "
         f"({res.first_decode_ms:.2f} -> {res.last_decode_ms:.2f} ms per pass, "
         f"mean {res.tpot_ms:.2f})\n"
+        f"  of which tensor-parallel communication {res.comm_ms:.2f} ms\n"
         f"  total                         {res.e2e_ms:10.2f} ms, "
         f"{res.output_tokens_per_s:,.0f} output tokens/s\n"
-        f"  memory {res.memory_gib:.2f} GiB (weights {res.weights_gib:.2f}, KV cache "
+        f"  memory per GPU {res.memory_gib:.2f} GiB (weights {res.weights_gib:.2f}, KV cache "
         f"{res.kv_cache_gib:.2f}), fits={res.fits}, largest batch that fits {res.max_batch}"
     )

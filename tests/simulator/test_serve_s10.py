@@ -181,3 +181,71 @@ def test_phase_of_serving_passes_is_forward_only() -> None:
     for run in serve.passes(ServeRequest(batch=1, prompt=8, gen=3)):
         graph = build_ops(load_model("tiny-gpt"), run)
         assert {op.phase for op in graph.ops} == {Phase.FORWARD}
+
+
+def test_tensor_parallel_shard_and_collectives() -> None:
+    """Llama 3 70B over 8 H100s of a DGX H100: each GPU holds 1/8 of the heads, KV heads,
+    FFN and vocabulary (the norms whole), so 1/8 of the KV cache; a one-token request is the
+    prefill alone, whose collectives are 2 x 80 + 1 all-reduces of its 8 x 8192 bf16
+    activations and one all-gather of the last token's 128,256 logits."""
+    from topologies import collective_estimate
+    from topologies.catalog import load_cluster
+
+    m, gpu, cluster = load_model("llama3-70b"), load_gpu(H100), load_cluster("dgx-h100", gpus=8)
+    req = ServeRequest(batch=1, prompt=8, gen=1, tp=8)
+    local = serve.shard(m, 8)
+    assert (local.num_heads, local.kv_heads, local.dhead) == (8, 1, 128)
+    assert local.ffn_hidden_size * 8 == m.ffn_hidden_size
+    assert kv_cache_bytes(local, req) * 8 == kv_cache_bytes(m, req)
+    embeddings = 2 * m.vocab_size * m.hidden_size  # untied token table and head
+    layer_norms = (2 * m.num_layers + 1) * m.hidden_size
+    assert local.num_params() == pytest.approx(
+        (m.num_params() - layer_norms) / 8 + layer_norms, rel=1e-6
+    )
+    assert embeddings / 8 == local.vocab_size * local.hidden_size * 2
+    res = serve_forecast(m, gpu, req, DERATED, cluster=cluster)
+    ar = collective_estimate("all-reduce", 8 * 8192 * 2, range(8), cluster).time_s
+    ag = collective_estimate("all-gather", 128256 * 2, range(8), cluster).time_s
+    assert res.comm_ms == pytest.approx((161 * ar + ag) * 1e3)
+    assert res.fits  # 141 GB of weights over 8 GPUs of 80 GB
+
+
+def test_tensor_parallel_decode_is_faster_and_replicates_kv_heads() -> None:
+    from topologies.catalog import load_cluster
+
+    m = load_model("llama3-8b")
+    gpu = load_gpu(H100)
+    one = serve_forecast(m, gpu, ServeRequest(batch=1, prompt=64, gen=3), TC)
+    eight = serve_forecast(
+        m,
+        gpu,
+        ServeRequest(batch=1, prompt=64, gen=3, tp=8),
+        TC,
+        cluster=load_cluster("dgx-h100", gpus=8),
+    )
+    assert eight.comm_ms > 0 and eight.tpot_ms < one.tpot_ms
+    # 16 GPUs of an NVL72 rack share 8 KV heads: each keeps one (vLLM replicates them)
+    assert serve.shard(load_model("llama3-70b"), 16).kv_heads == 1
+    with pytest.raises(ConfigError, match="do not split"):
+        serve.shard(m, 3)
+
+
+@pytest.mark.parametrize(
+    "bad, named",
+    [
+        (["--tp", "2"], "--server"),
+        (["--server", "dgx-h100", "--tp", "16"], "--tp 16"),
+        (["--server", "dgx-h100", "--gpu", "l4"], "--gpu l4"),
+        (["--server", "nope"], "nope"),
+    ],
+)
+def test_cli_tensor_parallel_bad_input(
+    bad: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["serve", "--model", "llama3-8b", "--batch", "1", "--prompt", "8", "--gen", "2"]
+    args += ["--latency-model", "roofline-derated", *bad]
+    if "--server" not in bad and "--gpu" not in bad:
+        args += ["--gpu", H100]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert named in err and len(err.strip().splitlines()) == 1
