@@ -27,6 +27,8 @@ vocabulary-parallel embedding, and an all-gather of the last tokens' logits.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -174,7 +176,32 @@ def max_batch(model: ModelSpec, gpu: GPUSpec, req: ServeRequest) -> int:
     return int((gpu.hbm_bytes - weights) // per_sequence)
 
 
-def serve_forecast(
+@dataclass(frozen=True)
+class PassTimes:
+    """Forecast seconds of the prefill pass and the sampled decode passes (`decode_samples`),
+    tensor-parallel collectives included, with each pass's kernel time per op family."""
+
+    request: ServeRequest
+    local: ModelSpec  # the part of the model one GPU holds
+    decode_passes: list[int]  # the sampled decode passes, 1 .. gen - 1
+    seconds: list[float]  # prefill, then the sampled decode passes
+    comm_s: list[float]
+    families_s: list[dict[str, float]]
+
+    @property
+    def contexts(self) -> list[int]:
+        """Keys the last query of each pass attends to: the prompt, then prompt + j."""
+        return [self.request.prompt] + [self.request.prompt + j for j in self.decode_passes]
+
+    def all_decode(self, values: list[float]) -> float:
+        """Sum over every decode pass, interpolated between the sampled ones."""
+        if not self.decode_passes:
+            return 0.0
+        every = np.arange(1, self.request.gen, dtype=np.float64)
+        return float(np.interp(every, np.array(self.decode_passes, np.float64), values).sum())
+
+
+def forecast_passes(
     model: ModelSpec,
     gpu: GPUSpec,
     req: ServeRequest,
@@ -182,9 +209,9 @@ def serve_forecast(
     *,
     cluster: Cluster | None = None,
     overheads: Overheads = FITTED,
-) -> ServeResult:
-    """Forecast prefill and every decode pass of ``req`` (module docstring); ``req.tp > 1``
-    needs the ``cluster`` of one server its GPUs sit in."""
+) -> PassTimes:
+    """Forecast the prefill and the sampled decode passes of ``req`` in one batched kernel
+    forecast; ``req.tp > 1`` needs the ``cluster`` of one server its GPUs sit in."""
     try:  # the last decode pass feeds position prompt + gen - 1
         model.check_sequence(req.prompt + req.gen - 1)
     except ConfigError as e:
@@ -201,26 +228,35 @@ def serve_forecast(
     kernels = set().union(*(g.kernels() for g in graphs))
     table = stream_table(kernels, gpu, latency_model)
     comm = [tp_comm_s(model, run, req.tp, cluster) for run in runs]
-    times = [
+    seconds = [
         phase_time_s(g, table, Phase.FORWARD, overheads) + c
         for g, c in zip(graphs, comm, strict=True)
     ]
-    fams = [family_times_s(g, table, overheads) for g in graphs]
-    sampled = np.array(decode_samples(req.gen), dtype=np.float64)
-    every = np.arange(1, req.gen, dtype=np.float64)
+    families = [family_times_s(g, table, overheads) for g in graphs]
+    return PassTimes(req, local, decode_samples(req.gen), seconds, comm, families)
 
-    def all_passes(values: list[float]) -> float:
-        """Sum over every decode pass, interpolated between the sampled ones."""
-        return float(np.interp(every, sampled, values).sum()) if len(every) else 0.0
 
+def serve_forecast(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    req: ServeRequest,
+    latency_model: LatencyModel,
+    *,
+    cluster: Cluster | None = None,
+    overheads: Overheads = FITTED,
+) -> ServeResult:
+    """Forecast prefill and every decode pass of ``req`` (module docstring); ``req.tp > 1``
+    needs the ``cluster`` of one server its GPUs sit in."""
+    p = forecast_passes(model, gpu, req, latency_model, cluster=cluster, overheads=overheads)
+    fams = p.families_s
     families = {
-        f: fams[0].get(f, 0.0) + all_passes([x.get(f, 0.0) for x in fams[1:]])
+        f: fams[0].get(f, 0.0) + p.all_decode([x.get(f, 0.0) for x in fams[1:]])
         for f in sorted(set().union(*fams))
     }
-    prefill_s, steps = times[0], times[1:]
-    decode_s = all_passes(steps)
+    prefill_s, steps = p.seconds[0], p.seconds[1:]
+    decode_s = p.all_decode(steps)
     e2e_s = prefill_s + decode_s
-    weights, kv, total = _memory(local, gpu, req)
+    weights, kv, total = _memory(p.local, gpu, req)
     return ServeResult(
         prefill_ms=prefill_s * 1e3,
         decode_ms=decode_s * 1e3,
@@ -230,10 +266,10 @@ def serve_forecast(
         e2e_ms=e2e_s * 1e3,
         output_tokens_per_s=req.batch * req.gen / e2e_s,
         by_family_ms={k: v * 1e3 for k, v in families.items()},
-        comm_ms=(comm[0] + all_passes(comm[1:])) * 1e3,
+        comm_ms=(p.comm_s[0] + p.all_decode(p.comm_s[1:])) * 1e3,
         weights_gib=weights / GIB,
         kv_cache_gib=kv / GIB,
         memory_gib=total / GIB,
         fits=total <= gpu.hbm_bytes,
-        max_batch=max_batch(local, gpu, req),
+        max_batch=max_batch(p.local, gpu, req),
     )

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from pydantic import ValidationError
 
 from forecast.gpus import GPUSpec, load_gpu
 from simulator.errors import ConfigError, path_arg
+from simulator.figures import figure_path
 from simulator.models import DEFAULT_DATA_DIR, load_model
 from simulator.predict_commands import PREDICT_LATENCY, latency_model
-from simulator.serve import ServeRequest, ServeResult, serve_forecast
+from simulator.serve import ServeRequest, ServeResult, forecast_passes, serve_forecast
 from topologies import Cluster
 from topologies.catalog import load_cluster, load_server
 
@@ -52,6 +54,13 @@ def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "kernels, tile-mlp for fp32)",
     )
     p.add_argument("--data", type=path_arg, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
+    p.add_argument(
+        "--plot",
+        type=path_arg,
+        default=None,
+        help="draw time per token against throughput over batch sizes, and pass time against "
+        "context (PNG, PDF, SVG ...)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=_serve)
 
@@ -68,6 +77,8 @@ def _request(args: argparse.Namespace) -> ServeRequest:
 def _serve(args: argparse.Namespace) -> int:
     req = _request(args)
     latency = latency_model(args.latency_model)
+    if args.plot is not None:
+        figure_path(args.plot, "--plot")  # before any work
     model = load_model(str(args.model), data_dir=args.data)
     gpu, cluster = _hardware(args, req)
     res = serve_forecast(model, gpu, req, latency, cluster=cluster)
@@ -75,6 +86,21 @@ def _serve(args: argparse.Namespace) -> int:
         print(json.dumps(res.model_dump()))
     else:
         _print(res, req)
+    if args.plot is not None:
+        from simulator.serve_plots import plot_serve  # matplotlib only when a figure is drawn
+
+        curve = forecast_passes(model, gpu, req, latency, cluster=cluster)
+        title = (
+            f"{model.id} on {req.tp} x {gpu.id}, {req.framework} {req.dtype}: "
+            f"{req.prompt}-token prompts, {req.gen} tokens generated (forecast)"
+        )
+
+        def at(batch: int) -> ServeResult:
+            other = req.model_copy(update={"batch": batch})
+            return serve_forecast(model, gpu, other, latency, cluster=cluster)
+
+        path = plot_serve(req, title, curve, at, res.max_batch, args.plot)
+        print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

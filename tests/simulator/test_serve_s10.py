@@ -7,6 +7,7 @@ pass never faster than reading the weights once, the largest batch that fits."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -249,3 +250,24 @@ def test_cli_tensor_parallel_bad_input(
     assert main(args) == 2
     err = capsys.readouterr().err
     assert named in err and len(err.strip().splitlines()) == 1
+
+
+def test_plot_batches_are_powers_of_two_that_fit_and_the_request() -> None:
+    from simulator.serve_plots import plot_batches
+
+    req = ServeRequest(batch=24, prompt=8, gen=2)
+    assert plot_batches(req, 56) == [1, 2, 4, 8, 16, 24, 32]
+    assert plot_batches(req, 0) == [1, 24]  # nothing fits: the request is still drawn
+    assert plot_batches(req.model_copy(update={"batch": 1}), 10**6)[-1] == 4096
+
+
+def test_cli_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "serve.png"
+    args = ["serve", "--model", "tiny-gpt", "--gpu", H100, "--batch", "2", "--prompt", "16"]
+    args += ["--gen", "4", "--latency-model", "roofline-derated"]
+    assert main([*args, "--plot", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote {out}" in capsys.readouterr().out
+    bad = tmp_path / "serve.nope"
+    assert main([*args, "--plot", str(bad)]) == 2
+    assert "--plot" in capsys.readouterr().err and not bad.exists()

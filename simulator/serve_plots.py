@@ -1,0 +1,85 @@
+"""Figure of a serving forecast (``tilesim serve --plot FILE``).
+
+Left: time per output token against output tokens per second over batch sizes (powers of
+two up to the largest batch that fits, and the requested one): the latency a user sees
+against what the GPUs deliver. Right: the requested batch's decode pass time against the context
+it attends over (the sampled passes), the prefill's time in the title.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+from simulator.figures import save_figure
+from simulator.serve import PassTimes, ServeRequest, ServeResult
+
+MAX_PLOTTED_BATCH = 4096
+
+
+def plot_batches(request: ServeRequest, max_batch: int) -> list[int]:
+    """Batches drawn on the left: powers of two up to the largest that fits (at most
+    `MAX_PLOTTED_BATCH`), and the requested one."""
+    top = min(max(max_batch, 1), MAX_PLOTTED_BATCH)
+    powers = [2**i for i in range(top.bit_length()) if 2**i <= top]
+    return sorted({*powers, request.batch})
+
+
+def plot_serve(
+    request: ServeRequest,
+    title: str,
+    curve: PassTimes,
+    by_batch: Callable[[int], ServeResult],
+    max_batch: int,
+    out: Path,
+) -> Path:
+    """Draw the two panels (module docstring) into ``out``; ``by_batch(b)`` forecasts the
+    request at batch ``b``."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.6))
+    batches = plot_batches(request, max_batch)
+    results = [by_batch(b) for b in batches]
+    x = [r.output_tokens_per_s for r in results]
+    y = [r.tpot_ms if request.gen > 1 else r.prefill_ms for r in results]
+    left.plot(x, y, marker="o", color="tab:blue", lw=1)
+    for b, xi, yi, r in zip(batches, x, y, results, strict=True):
+        mark = "" if r.fits else " (does not fit)"
+        weight = "bold" if b == request.batch else "normal"
+        left.annotate(
+            f"b={b}{mark}",
+            (xi, yi),
+            textcoords="offset points",
+            xytext=(4, 4),
+            fontsize=7,
+            fontweight=weight,
+        )
+    gpus = "1 GPU" if request.tp == 1 else f"all {request.tp} GPUs"
+    per = "time per output token" if request.gen > 1 else "prefill"
+    left.set(
+        xscale="log",
+        xlabel=f"output tokens/s ({gpus})",
+        ylabel=f"{per} (ms)",
+        title="latency against throughput, by batch",
+    )
+    left.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    left.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    left.xaxis.set_minor_formatter(NullFormatter())
+    left.margins(x=0.12, y=0.08)
+    left.grid(alpha=0.3)
+    ms = [t * 1e3 for t in curve.seconds]
+    if len(ms) > 1:
+        right.plot(curve.contexts[1:], ms[1:], color="tab:orange", lw=1.5, marker=".", ms=3)
+    right.set_ylim(bottom=0)
+    right.set(
+        xlabel="context (tokens each sequence attends over)",
+        ylabel="decode pass (ms)",
+        title=f"batch {request.batch}: decode passes; prefill {ms[0]:,.1f} ms",
+    )
+    right.grid(alpha=0.3)
+    fig.suptitle(title)
+    return save_figure(fig, out)
