@@ -21,10 +21,20 @@ Bytes per collective (nccl-tests size S; ``A = micro_batch * seq/cp * hidden * i
   overlapped with the attention core, only the excess is exposed. A recomputed attention core
   (selective or full recompute) runs its forward ring again (`stepcosts`).
 * EP (MoE), per MoE layer: 2 all-to-alls of ``A * experts_per_token`` forward, 2 backward,
-  ``/ tp`` with sequence parallelism (each TP rank dispatches its own ``s / tp`` tokens; the
-  expert shards' TP gather of the routed tokens is left in the layer's MLP all-gather and
-  reduce-scatter of ``A``, ``experts_per_token`` times too small). Megatron-LM runs MoE with
-  tp > 1 only with sequence parallelism; without it the whole micro-batch is dispatched.
+  ``/ tp`` with sequence parallelism (each TP rank dispatches its own ``s / tp`` tokens).
+  Megatron-LM runs MoE with tp > 1 only with sequence parallelism; without it the whole
+  micro-batch is dispatched.
+* TP of a MoE layer's experts (Megatron-core's ``MoEAlltoAllTokenDispatcher``,
+  megatron/core/transformer/moe/token_dispatcher.py): after the all-to-all the expert shards
+  all-gather the routed tokens over TP (``gather_from_sequence_parallel_region``) and
+  reduce-scatter the experts' output before the all-to-all back; each token goes to ``k =
+  experts_per_token`` experts, so both move ``k * A``. The expert linears run with
+  ``explicit_expert_comm`` (no collective of their own, the gathered input saved whole): no
+  backward re-gather, nothing overlapped with their GEMMs; backward runs the same two
+  (the all-gather of the output gradient, the reduce-scatter of the input gradient). Without
+  sequence parallelism every TP rank holds all tokens and the row-parallel experts' output is
+  all-reduced, ``k * A`` each way. The attention's linears keep the dense pattern of ``A``
+  (``tp_moe_s``: the expert half, one direction).
 * PP: one send-recv of ``A / tp`` per stage boundary and micro-batch, each direction (Megatron's
   scatter/gather optimisation: each TP rank sends one slice, then the receiving TP group
   all-gathers ``A`` over its node fabric before the next stage can start; with sequence
@@ -79,6 +89,12 @@ class LayerComm:
     tp_ar_s: float
     tp_ag_s: float
     tp_rs_s: float
+    # A MoE layer's expert half, one direction: the dispatcher's TP all-gather and
+    # reduce-scatter of the ``k * A`` routed tokens (all-reduce without SP), blocking; 0.0 for
+    # a dense layer. ``tp_pairs``: the linear pairs whose collectives move ``A`` (attention and
+    # MLP; attention alone in a MoE layer).
+    tp_moe_s: float = 0.0
+    tp_pairs: int = 2
 
 
 def activation_bytes(inputs: SimInputs, layout: Layout) -> float:
@@ -98,6 +114,15 @@ def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
     ar = 0.0 if sp else collective_s("all-reduce", a, g, cl)
     rs = collective_s("reduce-scatter", a, g, cl) if sp else 0.0
     tp_one = ag + rs if sp else ar
+    moe = m.num_experts > 1  # every layer (`ModelSpec.moe_every` > 1 is Switch only)
+    ka = a * m.experts_per_token  # the routed tokens an expert shard gathers
+    if not moe:
+        tp_moe = 0.0
+    elif sp:
+        tp_moe = collective_s("all-gather", ka, g, cl) + collective_s("reduce-scatter", ka, g, cl)
+    else:
+        tp_moe = collective_s("all-reduce", ka, g, cl)
+    pairs = 1 if moe else 2  # linear pairs moving ``A``: attention (and a dense MLP)
     kv = 2 * run.micro_batch_size * inputs.seq_len * m.kv_heads * m.dhead / run.tp
     kv_bytes = kv * ITEMSIZE_BYTES[inputs.dtype]
     # each TP rank dispatches its own s/tp tokens under sequence parallelism (Megatron-core's
@@ -105,8 +130,8 @@ def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
     a2a = a * m.experts_per_token / (run.tp if sp else 1)
     ep = 2 * collective_s("all-to-all", a2a, layout.ep_group, cl) if m.num_experts > 1 else 0.0
     return LayerComm(
-        tp_fw_s=2 * tp_one,
-        tp_bw_s=2 * tp_one + (2 * ag if sp else 0.0),
+        tp_fw_s=pairs * tp_one + tp_moe,
+        tp_bw_s=pairs * (tp_one + (ag if sp else 0.0)) + tp_moe,
         tp_embed_fw_s=rs if sp else ar,
         tp_embed_bw_s=ag if sp else 0.0,
         tp_head_fw_s=ag if sp else 0.0,
@@ -122,6 +147,8 @@ def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
         tp_ar_s=ar,
         tp_ag_s=ag,
         tp_rs_s=rs,
+        tp_moe_s=tp_moe,
+        tp_pairs=pairs,
     )
 
 

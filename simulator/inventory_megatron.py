@@ -8,20 +8,18 @@ Fused kernels and how they are modelled with the forecaster's families:
   forward and one backward (``attention`` family), causal (``attention_causal``,
   ``attention_causal_bwd``: the blocks above the diagonal skipped, about half the work) in
   every decoder stack (GPT-2, OPT, Llama, Mixtral) and non-causal in BERT's encoder; with
-  context parallelism the shard's sequence is ``S/cp`` and `stagecost` prices ``cp`` ring
-  steps of the local causal kernel: TransformerEngine's load-balanced ring runs one causal
-  diagonal step and ``cp - 1`` half-masked ones, the same unmasked pairs per rank, the causal
-  fraction of the whole ``S x S`` matrix over ``cp``, to within the diagonal blocks (``cp``
-  local diagonals priced where one runs: about ``1 / n`` more tiles at ``n`` local blocks of
-  128 rows). fp8 training runs them in bf16, as TransformerEngine does by default (fp8 for
-  the GEMMs only). Other dtypes (FlashAttention-2 has no fp32 kernels the forecaster models)
-  keep the GEMM-shaped stand-in: forward the two attention GEMMs (QK^T, AV) as ``bmm``
-  kernels, backward five (recomputed QK^T, dV, dP, dQ, dK), non-causal; with
-  ``Workload.attention = "unfused"``, Megatron's ``CoreAttention`` before FlashAttention
-  instead (`unfused_attention`): ``baddbmm`` QK^T, the fused scale-mask-softmax kernel (16-bit;
-  fp32 falls back to ``masked_fill`` + eager softmax), attention dropout, ``bmm`` AV and the
-  head-merge copy, over ``b * a/t * s * s`` scores; Megatron-LM runs it on GPUs without
-  FlashAttention-2 kernels, below sm80 (`opgraph.on_gpu`);
+  context parallelism the shard's sequence is ``S/cp``; this causal kernel is the ring's
+  step 0 and `stagecost.ring_steps` adds TransformerEngine's ``cp - 1`` unmasked half steps
+  (the causal pairs of the whole ``S x S`` matrix over ``cp``, exactly). fp8 training runs
+  them in bf16, as TransformerEngine does by default (fp8 for the GEMMs only). Other dtypes
+  (FlashAttention-2 has no fp32 kernels the forecaster models) keep the GEMM-shaped stand-in:
+  forward the two attention GEMMs (QK^T, AV) as ``bmm`` kernels, backward five (recomputed
+  QK^T, dV, dP, dQ, dK), non-causal; with ``Workload.attention = "unfused"``, Megatron's
+  ``CoreAttention`` before FlashAttention instead (`unfused_attention`): ``baddbmm`` QK^T, the
+  fused scale-mask-softmax kernel (16-bit; fp32 falls back to ``masked_fill`` + eager
+  softmax), attention dropout, ``bmm`` AV and the head-merge copy, over ``b * a/t * s * s``
+  scores; Megatron-LM runs it on GPUs without FlashAttention-2 kernels, below sm80
+  (`opgraph.on_gpu`);
 * fused bias-GeLU / SwiGLU: one element-wise kernel over the FFN activations;
 * fused bias-dropout-add: one element-wise ``add``;
 * fused Adam: see `opgraph.optimizer_kernels`.
@@ -107,7 +105,11 @@ def decoder(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     qkv = (z.nh + 2 * z.kv) * z.d
     ffn = _ffn(m, z, z.T)
     if m.num_experts > 1:
-        rows = m.expert_rows(z.T)
+        # Megatron-core caps each expert at ceil(f * local tokens * k / E) (router's
+        # topk_softmax_with_capacity, capacity_factor f): proportional to a micro-batch's
+        # tokens, i.e. a per-sequence cap (`ModelSpec.expert_capacity` = f s k / E) once per
+        # sequence of the micro-batch; under cp `stagecost.shard_model` scales it to s / cp
+        rows = m.expert_rows(z.T, z.B)
         ffn = [
             r.linear("router", z.T, (z.H, m.num_experts), z.dt, bias=False),
             r.memory("permute", "copy", (z.T * m.experts_per_token, z.H), z.dt, bw_op="copy"),

@@ -5,8 +5,15 @@ and vocabulary divided by ``tp``, the sequence by ``cp``, experts by ``ep``; the
 (`opgraph.inventory`) then lists its kernels for one micro-batch. Rules applied on top:
 
 * sequence parallelism: the row-wise ops over ``(tokens, hidden)`` (norms, dropout-add) run on
-  ``tokens / tp`` rows;
-* context parallelism: the attention core runs ``cp`` ring steps of ``(S/cp) x (S/cp)`` blocks;
+  ``tokens / tp`` rows, and so do a MoE layer's router and token permutes (``megatron``);
+* context parallelism: the attention core runs ``cp`` ring steps of ``(S/cp) x (S/cp)``
+  blocks; causal, TransformerEngine's load-balanced ring (``AttnFuncWithCPAndKVP2P``: rank
+  ``r`` holds chunks ``r`` and ``2cp - 1 - r`` of ``2cp``) runs step 0 causal over its own
+  ``S/cp`` tokens and ``cp - 1`` unmasked half steps, ``S/cp`` queries against the first half
+  of a lower rank's K,V or the second ``S/(2cp)`` queries against a higher rank's: ``c (S + 1)``
+  pairs per rank at ``c = S / (2cp)``, the causal matrix over ``cp``. Rank ``cp - 1`` runs
+  every half step as the first kind, rank 0 as the second, the others a mix; the slowest rank
+  sets the layer, so each half step is priced at the slower kernel (`ShardKernels.ring_fw`);
 * recomputation: ``full`` re-runs each layer's forward before its backward, ``selective``
   re-runs the attention core only (Korthikanti et al. 2022);
 * unfused attention (`SimInputs.attention`, ``megatron`` only): passed to the inventory as
@@ -23,8 +30,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from forecast.kernels import ITEMSIZE_BYTES, ROW_FAMILIES, Dtype, KernelSpec, OpFamily
+from forecast.kernels import (
+    ATTENTION_BACKWARD_OPS,
+    CAUSAL_ATTENTION_OPS,
+    ITEMSIZE_BYTES,
+    ROW_FAMILIES,
+    Dtype,
+    KernelSpec,
+    OpFamily,
+)
 from forecast.predict import LatencyTable
+from simulator import oprules as r
 from simulator.errors import ConfigError
 from simulator.inventory_hf import Sizes, sizes
 from simulator.models import ModelSpec
@@ -65,8 +81,11 @@ class ShardKernels:
     """Kernels (with launch counts) of one micro-batch on one shard, per block and phase.
 
     ``col_dgrad`` / ``col_wgrad``: the input-gradient and weight-gradient GEMMs of a layer's
-    column-parallel linears, as (attention, MLP) groups: the work that each group's async TP
-    collective overlaps in backward (empty outside ``megatron``).
+    column-parallel linears, as (attention, MLP) groups (attention alone in a MoE layer): the
+    work that each group's async TP collective overlaps in backward (empty outside
+    ``megatron``). ``attention_fw`` / ``attention_bw``: the attention core of CP ring step 0
+    (the layer's own, in ``layer_*``); ``ring_fw`` / ``ring_bw``: the kernels of each other step,
+    as alternatives of which the slower sets the step (`ring_steps`; empty at cp 1).
     """
 
     embed_fw: Counted
@@ -80,11 +99,14 @@ class ShardKernels:
     col_dgrad: tuple[Counted, ...]
     col_wgrad: tuple[Counted, ...]
     optimizer_bytes_per_param: float
+    ring_fw: tuple[Counted, ...] = ()
+    ring_bw: tuple[Counted, ...] = ()
 
     def all(self) -> set[KernelSpec]:
         """Every distinct kernel, plus the optimizer's reference kernel."""
         groups = (self.embed_fw, self.embed_bw, self.layer_fw, self.layer_bw, self.head_fw)
-        return {k for g in (*groups, self.head_bw) for k, _ in g} | {ADAM_REF}
+        rings = (*self.ring_fw, *self.ring_bw)
+        return {k for g in (*groups, self.head_bw, *rings) for k, _ in g} | {ADAM_REF}
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +143,9 @@ def shard_model(model: ModelSpec, run: RunConfig) -> ModelSpec:
             # the router still scores all experts; the shard runs its own E/ep (one at ep = E:
             # still an expert layer, routed and permuted, not a dense FFN)
             "local_experts": model.num_experts // run.ep,
+            # a capacity is a share of the routed tokens (Megatron-core's capacity factor over
+            # a rank's local tokens): a shard's s / cp of a sequence keeps 1 / cp of its cap
+            "expert_capacity": -(-model.expert_capacity // run.cp),
         }
     )
 
@@ -132,26 +157,49 @@ def _sp_kernel(k: KernelSpec, tokens: int, hidden: int, tp: int) -> KernelSpec:
     return k
 
 
-def _expand(
-    block: Block, dtype: Dtype, *, backward: bool, only: frozenset[str]
-) -> list[KernelSpec]:
-    out: list[KernelSpec] = []
-    for fop in block.ops:
-        if only and fop.name not in only:
-            continue
-        out += list(fop.bw) if backward else list(fop.fw)
-        if backward:
-            out += [KernelSpec(OpFamily.ELEMENTWISE, s, dtype, "add") for s in fop.params]
+def _expand(fop: FrameworkOp, dtype: Dtype, *, backward: bool) -> list[KernelSpec]:
+    out = list(fop.bw) if backward else list(fop.fw)
+    if backward:
+        out += [KernelSpec(OpFamily.ELEMENTWISE, s, dtype, "add") for s in fop.params]
     return out
+
+
+# A MoE layer's router and token permutes (`inventory_megatron.decoder`). Under sequence
+# parallelism a TP rank routes and permutes its own s/tp tokens: Megatron-core's MoELayer runs
+# the router on the sequence-parallel hidden states, and the token dispatcher permutes their
+# ``num_local_tokens x k`` rows before its all-to-all and unpermutes as many after it.
+MOE_LOCAL_OPS = frozenset({"router", "permute", "unpermute"})
+
+
+def _own_tokens(fop: FrameworkOp, tp: int) -> FrameworkOp:
+    """A router or permute of `inventory_megatron.decoder` on ``1 / tp`` of its rows."""
+    k = fop.fw[0]
+    if fop.name == "router":
+        _, rows, h, experts = k.dims
+        return r.linear(fop.name, max(1, rows // tp), (h, experts), k.dtype, bias=False)
+    rows, h = k.dims
+    bw_op = fop.bw[0].op if fop.bw else ""
+    return r.memory(fop.name, k.op, (max(1, rows // tp), h), k.dtype, bw_op=bw_op)
 
 
 def _block_kernels(
     block: Block, w: Workload, run: RunConfig, *, backward: bool, only: frozenset[str] = frozenset()
 ) -> Counted:
-    ks = _expand(block, w.dtype, backward=backward, only=only)
-    if run.sequence_parallel and run.tp > 1:
-        hidden = _hidden_of(block)
-        ks = [_sp_kernel(k, w.tokens, hidden, run.tp) for k in ks]
+    sp = run.sequence_parallel and run.tp > 1
+    hidden = _hidden_of(block) if sp else -1
+    ks: list[KernelSpec] = []
+    for fop in block.ops:
+        if only and fop.name not in only:
+            continue
+        if sp and w.framework == "megatron" and fop.name in MOE_LOCAL_OPS:
+            ks += _expand(_own_tokens(fop, run.tp), w.dtype, backward=backward)
+        elif sp:
+            ks += [
+                _sp_kernel(k, w.tokens, hidden, run.tp)
+                for k in _expand(fop, w.dtype, backward=backward)
+            ]
+        else:
+            ks += _expand(fop, w.dtype, backward=backward)
     return tuple((k, 1) for k in ks)
 
 
@@ -177,13 +225,40 @@ def _with_loss(head: Block, z: Sizes) -> Block:
     return Block(head.name, tuple(ops), head.repeat, head.host_ops)
 
 
+def ring_steps(step0: Counted, cp: int) -> tuple[Counted, ...]:
+    """The kernels of one CP ring step after the first, as alternatives (module docstring):
+    a causal core's two unmasked half steps, the ``S/cp x S/(2cp)`` and ``S/(2cp) x S/cp``
+    blocks; any other core (non-causal, GEMM-shaped or unfused) its step-0 kernels again."""
+    if cp == 1:
+        return ()
+    if not any(k.op in CAUSAL_ATTENTION_OPS for k, _ in step0):
+        return (step0,)
+
+    def half(queries: bool) -> Counted:
+        out: list[tuple[KernelSpec, int]] = []
+        for k, n in step0:
+            if k.op in CAUSAL_ATTENTION_OPS:
+                bh, s_q, s_kv, d = k.dims
+                q, kv = (max(1, s_q // 2), s_kv) if queries else (s_q, max(1, s_kv // 2))
+                op = "attention_bwd" if k.op in ATTENTION_BACKWARD_OPS else "attention"
+                k = KernelSpec(k.family, (bh, q, kv, d), k.dtype, op)
+            out.append((k, n))
+        return tuple(out)
+
+    return (half(queries=False), half(queries=True))
+
+
 def _column_gemms(layer: Block, w: Workload, *, wgrad: bool) -> tuple[Counted, ...]:
-    """(attention, MLP) groups of column-parallel backward GEMMs (every expert's in the MLP)."""
+    """(attention, MLP) groups of column-parallel backward GEMMs; (attention,) in a MoE
+    layer, whose expert linears run no async collective (Megatron-core's explicit_expert_comm:
+    the token dispatcher gathers and scatters their tokens, `comm`)."""
     if w.framework != "megatron":
         return ()
     index = 1 if wgrad else 0  # `oprules.linear` backward: (dgrad, wgrad, bias)
     cols = [f for f in layer.ops if f.name in COLUMN_PARALLEL]
     attn = tuple((f.bw[index], 1) for f in cols if f.name == "qkv")
+    if any(f.name == "router" for f in layer.ops):
+        return (attn,)
     mlp = tuple((f.bw[index], 1) for f in cols if f.name != "qkv")
     return (attn, mlp)
 
@@ -209,18 +284,22 @@ def shard_kernels(inputs: SimInputs, run: RunConfig) -> ShardKernels:
     if inputs.framework == "megatron":
         z = sizes(shard, w)
         head = _with_loss(head, z)
+    attention_fw = _block_kernels(layer, w, run, backward=False, only=ATTENTION_OPS)
+    attention_bw = _block_kernels(layer, w, run, backward=True, only=ATTENTION_OPS)
     return ShardKernels(
         embed_fw=_block_kernels(embed, w, run, backward=False),
         embed_bw=_block_kernels(embed, w, run, backward=True),
         layer_fw=_block_kernels(layer, w, run, backward=False),
         layer_bw=_block_kernels(layer, w, run, backward=True),
-        attention_fw=_block_kernels(layer, w, run, backward=False, only=ATTENTION_OPS),
-        attention_bw=_block_kernels(layer, w, run, backward=True, only=ATTENTION_OPS),
+        attention_fw=attention_fw,
+        attention_bw=attention_bw,
         head_fw=_block_kernels(head, w, run, backward=False),
         head_bw=_block_kernels(head, w, run, backward=True),
         col_dgrad=_column_gemms(layer, w, wgrad=False),
         col_wgrad=_column_gemms(layer, w, wgrad=True),
         optimizer_bytes_per_param=OPTIMIZER_BYTES_PER_PARAM[inputs.dtype],
+        ring_fw=ring_steps(attention_fw, run.cp),
+        ring_bw=ring_steps(attention_bw, run.cp),
     )
 
 
@@ -233,16 +312,20 @@ def _sum_s(kernels: Counted, table: LatencyTable) -> float:
     return sum(table[k] * n for k, n in kernels)
 
 
-def _attention_s(kernels: Counted, table: LatencyTable, run: RunConfig) -> float:
-    return _sum_s(kernels, table) * run.cp
+def _ring_s(ring: tuple[Counted, ...], table: LatencyTable, run: RunConfig) -> float:
+    """The ``cp - 1`` ring steps after the first on the slowest rank: each the slower of its
+    alternatives (rank 0 runs every step as one, rank ``cp - 1`` as the other)."""
+    return (run.cp - 1) * max((_sum_s(r, table) for r in ring), default=0.0)
 
 
 def block_times(sk: ShardKernels, table: LatencyTable, run: RunConfig) -> BlockTimes:
     """Seconds per block and phase for one micro-batch (recompute not yet added)."""
-    attn_fw = _attention_s(sk.attention_fw, table, run)
-    attn_bw = _attention_s(sk.attention_bw, table, run)  # its own kernels (FA2: ~2.7x forward)
-    layer_fw = _sum_s(sk.layer_fw, table) + attn_fw * (1 - 1 / run.cp)
-    layer_bw = _sum_s(sk.layer_bw, table) + attn_bw * (1 - 1 / run.cp)
+    ring_fw = _ring_s(sk.ring_fw, table, run)
+    ring_bw = _ring_s(sk.ring_bw, table, run)  # its own kernels (FA2: ~2.7x forward)
+    attn_fw = _sum_s(sk.attention_fw, table) + ring_fw
+    attn_bw = _sum_s(sk.attention_bw, table) + ring_bw
+    layer_fw = _sum_s(sk.layer_fw, table) + ring_fw
+    layer_bw = _sum_s(sk.layer_bw, table) + ring_bw
     return BlockTimes(
         embed_fw_s=_sum_s(sk.embed_fw, table),
         embed_bw_s=_sum_s(sk.embed_bw, table),

@@ -11,7 +11,8 @@ Backward TP communication per layer (two column-parallel linears, attention and 
 linear's all-reduce runs while its weight-gradient GEMM does, so only the excess is exposed;
 with sequence parallelism the row-parallel linears' all-gathers still block, and each
 column-parallel linear re-gathers its input under its input-gradient GEMM and reduce-scatters
-its input gradient under its weight-gradient GEMM.
+its input gradient under its weight-gradient GEMM. A MoE layer's experts gather and scatter
+their routed tokens in the token dispatcher, blocking (`comm` module docstring).
 """
 
 from __future__ import annotations
@@ -46,10 +47,12 @@ def tp_bw_exposed_s(bt: BlockTimes, lc: LayerComm, run: RunConfig) -> float:
     if not run.tp_comm_overlap or run.tp == 1 or not bt.col_wgrad_s:
         return lc.tp_bw_s
     pairs = zip(bt.col_dgrad_s, bt.col_wgrad_s, strict=True)
+    # a MoE layer's expert collectives (`LayerComm.tp_moe_s`) block: its expert linears run
+    # no collective of their own (Megatron-core's explicit_expert_comm)
     if run.sequence_parallel:
         hidden = sum(max(0.0, lc.tp_ag_s - d) + max(0.0, lc.tp_rs_s - w) for d, w in pairs)
-        return 2 * lc.tp_ag_s + hidden
-    return sum(max(0.0, lc.tp_ar_s - w) for _, w in pairs)
+        return lc.tp_pairs * lc.tp_ag_s + hidden + lc.tp_moe_s
+    return sum(max(0.0, lc.tp_ar_s - w) for _, w in pairs) + lc.tp_moe_s
 
 
 def _chunk_cost(
