@@ -1,14 +1,17 @@
 """``tilesim predict --module FILE.py:FUNC``: load a user's builder, trace it, forecast it.
 
-``FUNC(batch, seq)`` returns ``(module, args)``; it runs under ``torch.device("meta")``, so
-building even a large model allocates nothing. The traced blocks (`module_trace`) go through
-the same expansion (`opgraph.ops_from_blocks`) and forecast (`e2e.graph_result`) as the
-analytic builders. Every failure of the user's code becomes one `ConfigError` line.
+``FUNC(batch, seq)`` returns ``(module, args)``, ``(module, kwargs)`` or ``(module, args,
+kwargs)`` (a tuple or list of positional inputs, a dict of keyword inputs); it runs under
+``torch.device("meta")``, so building even a large model allocates nothing. The traced
+blocks (`module_trace`) go through the same expansion (`opgraph.ops_from_blocks`) and
+forecast (`e2e.graph_result`) as the analytic builders. Every failure of the user's code
+becomes one `ConfigError` line.
 
 Memory estimate (the analytic builders' closed form needs a `ModelSpec`, which a module lacks):
 
-* weights: the module's parameter bytes; training adds gradients (same bytes) and Adam
-  (two fp32 moments, plus an fp32 master copy when parameters are 16-bit);
+* weights: the module's parameter bytes; training adds, for the trainable parameters only
+  (``requires_grad``), gradients (same bytes) and Adam (two fp32 moments, plus an fp32 master
+  copy when parameters are 16-bit);
 * activations, training: the bytes written by every forward kernel (views excluded), all kept
   for the backward pass: an upper bound, since autograd keeps only the tensors it needs;
 * activations, inference: twice the largest single kernel output (one op's input and output
@@ -64,6 +67,26 @@ def load_builder(spec: str) -> Callable[..., Any]:
     return fn
 
 
+def _unpack(call: str, built: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """``(module, args)``, ``(module, kwargs)`` or ``(module, args, kwargs)`` as its three
+    parts; anything else is one `ConfigError` naming what came back."""
+    import torch
+
+    parts = built if isinstance(built, tuple) else (built,)
+    args: Any = parts[1] if len(parts) > 1 else None
+    kwargs: Any = parts[2] if len(parts) == 3 else {}
+    if len(parts) == 2 and isinstance(args, dict):
+        args, kwargs = (), args
+    ok = len(parts) in (2, 3) and isinstance(parts[0], torch.nn.Module)
+    if not ok or not isinstance(args, tuple | list) or not isinstance(kwargs, dict):
+        got = ", ".join(type(p).__name__ for p in parts)
+        raise ConfigError(
+            f"{call} must return (nn.Module, inputs): a tuple of positional inputs, a dict of "
+            f"keyword inputs, or (module, args, kwargs); got ({got})"
+        )
+    return parts[0], tuple(args), kwargs
+
+
 def trace_builder(spec: str, run: Workload) -> ModuleTrace:
     """Call ``FUNC(batch, seq)`` on the meta device and trace the module's forward."""
     import torch
@@ -77,11 +100,9 @@ def trace_builder(spec: str, run: Workload) -> ModuleTrace:
             built = fn(run.batch, run.seq)
     except (Exception, SystemExit) as e:
         raise ConfigError(f"{call} raised {_first_line(e)}") from e
-    ok = isinstance(built, tuple) and len(built) == 2
-    if not ok or not isinstance(built[0], torch.nn.Module) or not isinstance(built[1], tuple):
-        raise ConfigError(f"{call} must return (nn.Module, tuple of inputs), got {type(built)}")
+    module, args, kwargs = _unpack(call, built)
     odd = sorted(
-        {str(p.dtype) for p in built[0].parameters() if p.is_floating_point()}
+        {str(p.dtype) for p in module.parameters() if p.is_floating_point()}
         - {str(d) for d in DTYPES}
     )
     if odd:
@@ -91,7 +112,7 @@ def trace_builder(spec: str, run: Workload) -> ModuleTrace:
         )
     try:
         with torch.device("meta"):
-            return trace_module(built[0], built[1], train=run.mode == "train")
+            return trace_module(module, args, train=run.mode == "train", kwargs=kwargs)
     except (Exception, SystemExit) as e:
         raise ConfigError(f"forward of {call} raised {_first_line(e)}") from e
 
@@ -102,7 +123,14 @@ def module_memory(trace: ModuleTrace, run: Workload, gpu: GPUSpec) -> MemoryEsti
     acts = float(trace.kernel_out_bytes) if train else 2.0 * trace.largest_out_bytes
     n = float(trace.num_params)
     item = trace.param_bytes / n if n else float(ITEMSIZE_BYTES[trace.dtype])
-    return step_memory(num_params=n, item_bytes=item, train=train, activations_bytes=acts, gpu=gpu)
+    stepped = float(trace.trainable_params) if train else n
+    mem = step_memory(
+        num_params=stepped, item_bytes=item, train=train, activations_bytes=acts, gpu=gpu
+    )
+    frozen = item * (n - stepped)  # weights only: no gradient, no Adam state
+    total = mem.total_bytes + frozen
+    update = {"weights_bytes": mem.weights_bytes + frozen, "total_bytes": total}
+    return mem.model_copy(update={**update, "fits": total <= gpu.hbm_bytes})
 
 
 def predict_module(

@@ -6,11 +6,15 @@ so backward kernels, parameter gradients and the optimizer come from the same ru
 analytic inventories (`opgraph.ops_from_blocks` expands them). The mapping, stated once:
 
 * ``addmm`` -> linear with bias; ``mm`` -> linear without bias when an operand is a parameter,
-  else a ``bmm`` with batch 1; ``bmm``/``baddbmm`` -> bmm; ``_softmax``/``_log_softmax``/
-  ``_safe_softmax`` (``scaled_dot_product_attention`` on meta) -> softmax;
+  else a ``bmm`` with batch 1; ``bmm``/``baddbmm`` -> bmm; ``convolution`` -> its implicit
+  GEMM, a linear of (output pixels x ``C_in k``) @ (``C_in k`` x ``C_out``) (transposed:
+  input pixels x ``C_in`` @ ``C_in`` x ``C_out k``), ``k`` the kernel's taps; a grouped one
+  (depthwise: per group a sliver of a GEMM, memory-bound) stays unmapped, priced as a copy;
+  ``_softmax``/``_log_softmax``/``_safe_softmax`` (``scaled_dot_product_attention`` on meta)
+  -> softmax;
   ``native_layer_norm`` -> layernorm; ``embedding`` -> embedding;
-  ``native_dropout`` -> dropout (meta takes CPU's unfused dropout path, so ``F.dropout`` is
-  routed to ``native_dropout``, the kernel CUDA runs);
+  ``native_dropout`` -> dropout (meta takes CPU's unfused dropout path, so ``F.dropout`` and
+  ``torch.dropout`` are routed to ``native_dropout``, the kernel CUDA runs);
 * element-wise ops -> `ELEMENTWISE` (NeuSight names); a Python-scalar operand, or a
   broadcast operand at most a quarter of the output, selects the ``u`` form (``addu``);
 * ``where``/``masked_fill`` -> masked_fill; ``maximum``/``minimum`` against a one-element
@@ -19,8 +23,11 @@ analytic inventories (`opgraph.ops_from_blocks` expands them). The mapping, stat
   ops and allocations launch no kernel and count as host ops;
 * any other op with a tensor output -> a ``copy`` of its output, named in ``unmapped``.
 
-A parameter's gradient and optimizer state are charged once, to the first op that reads it
-(or a view of it): tied weights are not counted twice.
+A trainable parameter's gradient and optimizer state are charged once, to the first op that
+reads it (or a view of it): tied weights are not counted twice; frozen ones
+(``requires_grad=False``) not at all. Backward kernels follow autograd: an op none of whose
+inputs depends on a trainable parameter (or an input that requires grad) has none, and a
+GEMM computes the gradient of an operand (``dA``, ``dB``, the bias's) only when it needs one.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 (the torch convention)
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map_only
 
 from forecast.kernels import Dtype
 from simulator import oprules as r
@@ -72,7 +79,7 @@ ELEMENTWISE: dict[str, str] = {
     "neg": "mulu",
     "reciprocal": "divu",
     "silu": "gelu",
-    **dict.fromkeys(("sigmoid", "exp", "log", "sqrt", "rsqrt", "erf"), "tanh"),
+    **dict.fromkeys(("sigmoid", "exp", "log", "sqrt", "rsqrt", "erf", "cos", "sin"), "tanh"),
 }
 U_FORM = frozenset({"add", "mul", "div", "pow"})  # NeuSight ops with a tensor-scalar form
 
@@ -93,6 +100,7 @@ class ModuleTrace:
     blocks: tuple[Block, ...]
     unmapped: dict[str, int]
     num_params: int
+    trainable_params: int  # of num_params, those with requires_grad (gradient, Adam state)
     param_bytes: int
     dtype: Dtype
     kernel_out_bytes: int  # bytes written by all forward kernels
@@ -122,15 +130,16 @@ class _Recorder(TorchDispatchMode):
 
 
 class _NativeDropout(TorchFunctionMode):
-    """Routes ``F.dropout`` in training to ``aten.native_dropout`` (CUDA's kernel)."""
+    """Routes ``F.dropout`` and ``torch.dropout`` in training to ``aten.native_dropout``
+    (CUDA's kernel)."""
 
     def __torch_function__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         kwargs = kwargs or {}
-        if func is F.dropout:
+        if func is F.dropout or func is torch.dropout:
             named = dict(zip(("input", "p", "training"), args, strict=False)) | kwargs
-            p, training = named.get("p", 0.5), named.get("training", True)
+            p, training = named.get("p", 0.5), named.get("training", named.get("train", True))
             if training and p > 0:
                 return torch.ops.aten.native_dropout.default(named["input"], p, True)[0]
             return named["input"]
@@ -166,6 +175,21 @@ def _gemm(name: str, call: Call, dt: Dtype, param: bool) -> FrameworkOp:
     if param:
         return r.linear(name, rows, (n_in, n_out), dt, bias=False)
     return r.bmm(name, (1, rows, n_in, n_out), dt)
+
+
+def _conv(name: str, call: Call, dt: Dtype) -> FrameworkOp | None:
+    """``convolution(x, w, bias, stride, padding, dilation, transposed, out_pad, groups)`` as
+    its implicit GEMM: ``2 N Ho Wo C_out C_in k`` FLOPs; None (unmapped) when grouped."""
+    x, w, bias = call.args[:3]
+    if int(call.args[8]) != 1:
+        return None
+    taps = prod(int(d) for d in w.shape[2:])
+    if call.args[6]:  # transposed, w: (C_in, C_out, k...): an input pixel meets C_out k outputs
+        rows, n_in, n_out = x.numel() // x.shape[1], w.shape[0], w.shape[1] * taps
+    else:  # w: (C_out, C_in, k...): every output pixel reads C_in k inputs
+        out = call.outs[0]
+        rows, n_in, n_out = out.numel() // out.shape[1], w.shape[1] * taps, w.shape[0]
+    return r.linear(name, rows, (n_in, n_out), dt, bias=bias is not None)
 
 
 def _row_op(name: str, call: Call, dt: Dtype) -> FrameworkOp:
@@ -205,6 +229,7 @@ def _clamp(name: str, call: Call, dt: Dtype) -> FrameworkOp | None:
 RULES: dict[str, Callable[[str, Call, Dtype, bool], FrameworkOp | None]] = {
     **{op: lambda n, c, d, p: _clamp(n, c, d) for op in CLAMP_OPS},
     **dict.fromkeys(("addmm", "mm", "bmm", "baddbmm"), _gemm),
+    "convolution": lambda n, c, d, p: _conv(n, c, d),
     **{op: lambda n, c, d, p: _row_op(n, c, d) for op in SOFTMAX_OPS},
     "native_layer_norm": lambda n, c, d, p: _row_op(n, c, d),
     **{op: lambda n, c, d, p: _elementwise(n, c, d) for op in ELEMENTWISE},
@@ -232,20 +257,47 @@ def _charge_params(fop: FrameworkOp, new: list[torch.Tensor]) -> FrameworkOp:
     return replace(fop, params=tuple(_rows(t) for t in new))
 
 
-def _blocks(rec: _Recorder, default: Dtype) -> tuple[tuple[Block, ...], Counter[str], list[int]]:
+# GEMM-shaped aten ops: whose gradient each backward kernel of the rule computes, by the
+# position of the operand among the call's tensors (``addmm(bias, a, b)``: dA, dB, dbias)
+GRAD_OPERANDS: dict[str, tuple[int, ...]] = {
+    **dict.fromkeys(("addmm", "baddbmm"), (1, 2, 0)),
+    **dict.fromkeys(("mm", "bmm", "convolution"), (0, 1, 2)),
+}
+
+
+def _backward(fop: FrameworkOp, call: Call, needs: list[bool]) -> FrameworkOp:
+    """``fop`` with only the backward kernels autograd runs (module docstring)."""
+    if not any(needs):
+        return replace(fop, bw=())
+    operands = GRAD_OPERANDS.get(call.op)
+    if operands is None:
+        return fop
+    keep = [needs[j] for j in operands if j < len(needs)]
+    return replace(fop, bw=tuple(k for k, on in zip(fop.bw, keep, strict=False) if on))
+
+
+def _blocks(
+    rec: _Recorder, default: Dtype, grad: set[int]
+) -> tuple[tuple[Block, ...], Counter[str], list[int]]:
+    """The traced block; ``grad`` holds the ids of the tensors that need a gradient and
+    grows with the outputs of every op that reads one."""
     fops: list[FrameworkOp] = []
     unmapped: Counter[str] = Counter()
     out_bytes: list[int] = []
     claimed: set[int] = set()
     host = 0
     for i, call in enumerate(rec.calls):
+        needs = [id(t) in grad for t in _tensors(call)]
+        if any(needs):
+            grad.update(id(t) for t in call.outs)
         if call.op in VIEW_OPS or not call.outs:
             host += 1
             continue
         out = call.outs[0]
         dt = DTYPES.get(out.dtype, default)
         roots = [rec.root[id(t)] for t in _tensors(call) if id(t) in rec.root]
-        new = [rec.params[p] for p in dict.fromkeys(roots) if p not in claimed]
+        trainable = [p for p in dict.fromkeys(roots) if rec.params[p].requires_grad]
+        new = [rec.params[p] for p in trainable if p not in claimed]
         claimed.update(roots)
         rule = _lookup(call.op)
         fop = None if rule is None else RULES[rule](f"{call.op}_{i}", call, dt, bool(roots))
@@ -253,28 +305,39 @@ def _blocks(rec: _Recorder, default: Dtype) -> tuple[tuple[Block, ...], Counter[
             unmapped[call.op] += 1
             fop = RULES["clone"](f"{call.op}_{i}", call, dt, bool(roots))
         assert fop is not None
-        fops.append(_charge_params(fop, new))
+        fops.append(_backward(_charge_params(fop, new), call, needs))
         out_bytes.append(sum(t.numel() * t.element_size() for t in call.outs))
     return (Block("module", tuple(fops), 1, host_ops=host),), unmapped, out_bytes
 
 
-def trace_module(module: torch.nn.Module, args: tuple[Any, ...], *, train: bool) -> ModuleTrace:
-    """Run ``module(*args)`` on the meta device (train or eval mode) and map its aten ops."""
+def trace_module(
+    module: torch.nn.Module,
+    args: tuple[Any, ...],
+    *,
+    train: bool,
+    kwargs: dict[str, Any] | None = None,
+) -> ModuleTrace:
+    """Run ``module(*args, **kwargs)`` on the meta device (train or eval mode) and map its
+    aten ops."""
     module = module.to("meta").train(train)
-    args = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
+    args, kwargs = tree_map_only(torch.Tensor, lambda a: a.to("meta"), (args, kwargs or {}))
     params: dict[int, torch.Tensor] = {id(p): p for p in module.parameters()}
     rec = _Recorder(params)
     with torch.set_grad_enabled(train), _NativeDropout(), rec:
-        module(*args)
+        module(*args, **kwargs)
+    inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    grad = {i for i, p in params.items() if p.requires_grad}
+    grad |= {id(t) for t in inputs if t.requires_grad}
     counts = Counter(p.dtype for p in params.values() if p.dtype in DTYPES)
     # the dtype of most parameter tensors; a tie goes to the first in DTYPES (not to a set's
     # order, which changes from process to process with torch.dtype's hash)
     dtype = DTYPES[max(DTYPES, key=lambda d: counts[d])] if counts else Dtype.FP32
-    blocks, unmapped, out_bytes = _blocks(rec, dtype)
+    blocks, unmapped, out_bytes = _blocks(rec, dtype, grad)
     return ModuleTrace(
         blocks=blocks,
         unmapped=dict(sorted(unmapped.items())),
         num_params=sum(p.numel() for p in params.values()),
+        trainable_params=sum(p.numel() for p in params.values() if p.requires_grad),
         param_bytes=sum(p.numel() * p.element_size() for p in params.values()),
         dtype=dtype,
         kernel_out_bytes=sum(out_bytes),

@@ -134,7 +134,8 @@ def test_clamp_by_a_constant_gets_autograds_backward_two_tensors_stay_unmapped()
             return torch.max(torch.max(x, low), y)  # OPT's clamp, then a two-tensor maximum
 
     with torch.device("meta"):
-        x, y = torch.zeros(4, 8), torch.zeros(4, 8)
+        # x needs a gradient: autograd runs no backward for a module without one
+        x, y = torch.zeros(4, 8, requires_grad=True), torch.zeros(4, 8)
         trace = trace_module(Clamp(), (x, y), train=True)
     assert trace.unmapped == {"maximum": 1}
     clamp = trace.blocks[0].ops[0]
