@@ -15,7 +15,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from simulator.figures import save_figure
-from simulator.report import RANKING_NAMES, amount_text, best_per_context, layout_label, rank
+from simulator.report import (
+    RANKING_NAMES,
+    amount_text,
+    best_per_context,
+    layout_label,
+    procurement_entries,
+    rank,
+)
 from simulator.rows import Row
 
 PARTS = ("compute", "tp", "cp", "ep", "pp", "dp", "optimizer")
@@ -41,6 +48,16 @@ def time_unit(seconds: float) -> tuple[str, float]:
     return "us", 1e6
 
 
+def _ranked_amount(r: Row, by: str) -> str:
+    """The amount a cost or time ranking orders by, for a label (tokens/s is there already):
+    ranked by cost, labels of tokens/s alone did not explain the order."""
+    if by == "cost":
+        return f", {amount_text(r['cost_usd'])} $"
+    if by == "time":
+        return f", {amount_text(r['time_to_train_s'] / 86400)} days"
+    return ""
+
+
 def plot_top_layouts(rows: Sequence[Row], path: Path, *, by: str = "tokens", k: int = 12) -> Path:
     """Horizontal stacked bars: the best layouts' step time by part."""
     top = rank(rows, by)[:k][::-1]
@@ -48,7 +65,7 @@ def plot_top_layouts(rows: Sequence[Row], path: Path, *, by: str = "tokens", k: 
     fig, ax = plt.subplots(figsize=(11, 0.45 * max(4, len(top)) + 1.5))
     labels = [
         f"{r['context']}  {layout_label(r)}  ({r['tokens_per_s']:,.0f} tok/s, "
-        f"bubble {r['bubble_fraction'] or 0.0:.0%})"
+        f"bubble {r['bubble_fraction'] or 0.0:.0%}{_ranked_amount(r, by)})"
         for r in top
     ]
     left = [0.0] * len(top)
@@ -146,22 +163,28 @@ def _unit(values: list[float | None], units: tuple[tuple[str, float], ...]) -> t
 def plot_procurement(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path:
     """Per option and size, its best layout's time to train, cost and energy (the panels the
     rows can fill: without a token budget, tokens/s only). An option without a price or
-    power has no bar in that panel and says so (it was drawn as a bar of zero)."""
-    best = best_per_context(rows, by)
-    labels = [r["context"] for r in best]
+    power has no bar in that panel and says so (it was drawn as a bar of zero); so does an
+    option and size without a ranked layout (`unranked_contexts`: it was left out)."""
+    entries = procurement_entries(rows, by)
+    best = [r for _, r, _ in entries if r is not None]
+    labels = [ctx for ctx, _, _ in entries]
+
+    def column(col: str) -> list[float | None]:
+        return [None if r is None else r[col] for _, r, _ in entries]
+
     # (axis label, unit choices, values, what a missing value lacks, color)
     panels: list[tuple[str, tuple[tuple[str, float], ...], list[float | None], str, str]] = []
     if any(r["time_to_train_s"] is not None for r in best):
-        days = [r["time_to_train_s"] for r in best]
+        days = column("time_to_train_s")
         panels.append(("time to train the token budget", _DAYS, days, "", "#4c72b0"))
     else:
-        tps = [r["tokens_per_s"] for r in best]
+        tps = column("tokens_per_s")
         panels.append(("throughput", (("tokens/s", 1.0),), tps, "", "#4c72b0"))
     if any(r["cost_usd"] is not None for r in best):
-        cost = [r["cost_usd"] for r in best]
+        cost = column("cost_usd")
         panels.append(("cost (user-supplied prices)", _USD, cost, "no price", "#c44e52"))
     if any(r["energy_mwh"] is not None for r in best):
-        mwh = [r["energy_mwh"] for r in best]
+        mwh = column("energy_mwh")
         panels.append(("energy (user-supplied power)", _MWH, mwh, "no power", "#55a868"))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels) + 1.5, 5), squeeze=False)
     for i, (ax, (what, units, raw, lacks, color)) in enumerate(zip(axes[0], panels, strict=True)):
@@ -169,7 +192,10 @@ def plot_procurement(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> 
         values = [None if v is None else v * scale for v in raw]
         bars = ax.barh(labels, [v or 0.0 for v in values], color=color)
         ax.invert_yaxis()  # top to bottom in the report table's order
-        texts = [lacks if v is None else amount_text(v) for v in values]
+        texts = [
+            (why if r is None else lacks) if v is None else amount_text(v)
+            for (_, r, (why, _)), v in zip(entries, values, strict=True)
+        ]
         ax.bar_label(bars, labels=texts, fontsize=8, padding=2)
         ax.set_xlabel(f"{what}, {unit}")
         ax.set_xlim(0, max((v for v in values if v is not None), default=0.0) * 1.2 or 1.0)

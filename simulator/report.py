@@ -45,6 +45,45 @@ def best_per_context(rows: Sequence[Row], by: str = "tokens") -> list[Row]:
     return sorted(best.values(), key=lambda r: (r["option"], r["num_gpus"]))
 
 
+def unranked_contexts(rows: Sequence[Row], by: str = "tokens") -> dict[str, tuple[str, str]]:
+    """Each context of ``rows`` without a ranked layout -> (short, long) reason: none of its
+    layouts fits (the long reason: the one needing the least memory), none that fits was
+    simulated, its rows lack the ranking's column, or every layout failed. Such an option
+    vanished from the report's table and the procurement figure."""
+    ranked = {r["context"] for r in rank(rows, by)}
+    mine: dict[str, list[Row]] = {}
+    for r in rows:
+        if r["context"] not in ranked:
+            mine.setdefault(r["context"], []).append(r)
+    out: dict[str, tuple[str, str]] = {}
+    for ctx, rs in mine.items():
+        bad = sorted(
+            (r for r in rs if r["status"] == "infeasible"),
+            key=lambda r: (r["memory_gib_per_gpu"] is None, r["memory_gib_per_gpu"], r["key"]),
+        )
+        if any(r["tier"] == "simulate" and r["status"] == "ok" for r in rs):
+            need = "no price_per_gpu_hour" if by == "cost" else "no sweep.train_tokens"
+            out[ctx] = (need, f"not ranked by {RANKING_NAMES[by]}: {need}")
+        elif any(r["status"] == "ok" for r in rs):
+            out[ctx] = ("not simulated", "no fitting layout simulated; raise --per-context")
+        elif bad:
+            out[ctx] = ("no layout fits", f"no layout fits (least memory: {bad[0]['reason']})")
+        else:
+            out[ctx] = ("every layout failed", f"every layout failed ({len(rs)} errors)")
+    return out
+
+
+def procurement_entries(
+    rows: Sequence[Row], by: str = "tokens"
+) -> list[tuple[str, Row | None, tuple[str, str]]]:
+    """(context, its best row or None, why none) of every context, by option and size."""
+    best = {r["context"]: r for r in best_per_context(rows, by)}
+    missing = unranked_contexts(rows, by)
+    sizes = {r["context"]: (r["option"], r["num_gpus"]) for r in rows}
+    order = sorted({*best, *missing}, key=lambda c: (*sizes[c], c))
+    return [(c, best.get(c), missing.get(c, ("", ""))) for c in order]
+
+
 def _fmt(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
@@ -102,10 +141,15 @@ def top_table(rows: Sequence[Row], *, k: int = 10, by: str = "tokens") -> str:
 
 
 def procurement_table(rows: Sequence[Row], *, by: str = "tokens") -> str:
-    """For each option and size: best layout, throughput, time to train, cost, energy."""
+    """For each option and size: best layout, throughput, time to train, cost, energy; an
+    option and size without one says why (`unranked_contexts`)."""
     header = ["option", "GPUs", "best layout", "tokens/s", "MFU", "days", "cost $", "MWh"]
     lines = []
-    for r in best_per_context(rows, by):
+    where = {r["context"]: r for r in rows}
+    for ctx, r, (_, why) in procurement_entries(rows, by):
+        if r is None:
+            lines.append([where[ctx]["option"], str(where[ctx]["num_gpus"]), why, *["-"] * 5])
+            continue
         days = None if r["time_to_train_s"] is None else r["time_to_train_s"] / 86400
         lines.append(
             [
@@ -151,6 +195,19 @@ def _reasons(rows: Sequence[Row]) -> str:
     return ", ".join(f"{n} x {why}" for why, n in c.most_common(5)) or "none"
 
 
+def _basis(rows: Sequence[Row]) -> list[str]:
+    """What days, $ and MWh are for (the tables did not say): the token budget, the forms."""
+    tokens = next((r["train_tokens"] for r in rows if r.get("train_tokens")), None)
+    if tokens is None:
+        return []
+    return [
+        f"* Days, cost and energy are for the token budget, {tokens:g} tokens "
+        "(`sweep.train_tokens`), at each layout's simulated tokens/s: cost = GPUs x hours x "
+        "price_per_gpu_hour; energy = GPUs x power_w_per_gpu x time, with the scenario's "
+        "power per GPU as given (no facility overhead, PUE, is added)."
+    ]
+
+
 def markdown_report(
     rows: Sequence[Row],
     *,
@@ -191,6 +248,7 @@ def markdown_report(
         if err
         else "* No simulated rows to check the screen against.",
         f"* Infeasible (stage that does not fit, by count): {_reasons(rows)}.",
+        *_basis(rows),
         "* Prices and power are the scenario's inputs (see the scenario file), not catalog facts.",
     ]
     failed = [r for r in rows if r["status"] == "error"]

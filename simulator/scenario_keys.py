@@ -28,8 +28,11 @@ combination is a layout; a key not listed, and every other `[run]` key, takes it
 value), plus `world_size` (cluster sizes; default `cluster.num_gpus`). A procurement
 study adds `train_tokens = [N]` and `[[sweep.options]]` tables, one per cluster option: `id`,
 `gpu`, `server`, `network`, optional `num_gpus` (a list), `gpus_per_node`, `nics_per_node`, and
-the user's `price_per_gpu_hour` and `power_w_per_gpu`. `--set TABLE.KEY=VALUE` on `tilesim
-simulate` and `tilesim sweep` overrides any key (`--set run.tp=8`)."""
+the user's `price_per_gpu_hour` (US$ per GPU-hour, all-in: cost = GPUs x hours x price) and
+`power_w_per_gpu` (watts per GPU while training, as the user counts it: the board alone, or
+its server's draw over its GPUs with CPUs and NICs; energy = GPUs x power x time, no PUE
+added). `--set TABLE.KEY=VALUE` on `tilesim simulate` and `tilesim sweep` overrides any key
+(`--set run.tp=8`)."""
 
 
 def type_text(annotation: Any) -> str:

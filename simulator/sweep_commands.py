@@ -283,7 +283,9 @@ def _run(
         _write_resolved(scenario, space, out, args.rank)
         screened = _tier(args, log, "screen", space.points, shared)
         top, per_context = args.candidates, args.per_context
-        chosen = candidate_points(space.points, screened, shared, top=top, per_context=per_context)
+        chosen = candidate_points(
+            space.points, screened, shared, top=top, per_context=per_context, by=args.rank
+        )
         _tier(args, log, "simulate", chosen, shared)
     log.settle()  # one order whatever order the rows arrived in
     return log, chosen

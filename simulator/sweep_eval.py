@@ -9,6 +9,7 @@ every chunk needs (contexts, one kernel table per context), built once in the dr
 
 from __future__ import annotations
 
+import math
 import traceback
 import uuid
 from collections import OrderedDict
@@ -70,18 +71,33 @@ def candidate_points(
     *,
     top: int = TOP_CANDIDATES,
     per_context: int = PER_CONTEXT,
+    by: str = "tokens",
 ) -> list[Point]:
     """The layouts among ``points`` that `select_candidates` picks from the screened ``rows``."""
-    chosen = set(select_candidates(rows, top=top, per_context=per_context))
+    chosen = set(select_candidates(rows, top=top, per_context=per_context, by=by))
     keys = point_keys(points, shared.contexts)
     return [p for p, k in zip(points, keys, strict=True) if k in chosen]
 
 
-def select_candidates(rows: Sequence[Row], *, top: int, per_context: int) -> list[str]:
-    """Keys to simulate: the ``top`` fitting layouts by screen tokens/s, plus the best
+def _screen_order(r: Row, by: str) -> float:
+    """A screened row's place under the ranking ``by``, lowest first: tokens and time to
+    train (one token budget for every layout) follow screen tokens/s; cost follows GPUs x
+    price / screen tokens/s (GPU-hours per token x price; an unpriced row last)."""
+    if by != "cost":
+        return -r["screen_tokens_per_s"]
+    price = r.get("price_per_gpu_hour")
+    return math.inf if price is None else r["num_gpus"] * price / r["screen_tokens_per_s"]
+
+
+def select_candidates(
+    rows: Sequence[Row], *, top: int, per_context: int, by: str = "tokens"
+) -> list[str]:
+    """Keys to simulate: the ``top`` fitting layouts the screen rates best under the ranking
+    ``by`` (fastest; cheapest for ``cost``: the fastest were all on the largest clusters, so a
+    cost ranking's top rows missed cheaper layouts never simulated), plus the best
     ``per_context`` of every context (so scaling and procurement have a simulated best)."""
     ok = [r for r in rows if r["status"] == "ok"]
-    ok.sort(key=lambda r: (-r["screen_tokens_per_s"], r["key"]))
+    ok.sort(key=lambda r: (_screen_order(r, by), r["key"]))
     keys = [r["key"] for r in ok[:top]]
     seen: dict[str, int] = {}
     for r in ok:
