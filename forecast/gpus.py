@@ -8,6 +8,7 @@ id, a path to a catalog TOML, a path to a NeuSight device JSON, or a NeuSight de
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import sys
@@ -79,9 +80,22 @@ class GPUSpec(BaseModel):
 
 
 def _first_error(e: ValidationError) -> str:
-    """Pydantic's first complaint as ``field 'a.b': message`` (one line)."""
-    first = e.errors()[0]
-    loc = ".".join(str(x) for x in first["loc"])
+    """Pydantic's first complaint as ``field 'a.b': message`` (one line).
+
+    An unknown key comes first, with the field it most resembles: a misspelt required field
+    is both unknown and missing, and only the unknown key names what the user typed.
+    """
+    errors = e.errors()
+    unknown = [x for x in errors if x["type"] == "extra_forbidden" and len(x["loc"]) == 1]
+    if unknown:
+        key = str(unknown[0]["loc"][0])
+        fields = [f for f in GPUSpec.model_fields if f != "id"]
+        near = difflib.get_close_matches(key, fields, n=1, cutoff=0.6)
+        if near:
+            return f"field {key!r} is not a GPU field; did you mean {near[0]!r}?"
+        return f"field {key!r} is not a GPU field; remove it (fields: {', '.join(fields)})"
+    first = errors[0]
+    loc = ".".join(str(x) for x in first["loc"] if x != "[key]")  # a bad dict key: its name
     if first["type"] in ("finite_number", "greater_than"):
         return f"field {loc!r} must be a positive finite number, got {first['input']!r}"
     return f"field {loc!r}: {first['msg']}"
@@ -107,7 +121,7 @@ _SHEET_FIELDS = {
     "Freq": ("MHz", 1e6, False),
     "Dev_Mem": ("GB", 1e9, False),
     "Mem_Bw": ("GB/s", 1e9, False),
-    "L2Cache": ("MB", 1e6, False),
+    "L2Cache": ("MiB", float(2**20), False),  # vendors' cache "MB" is binary, as in the catalog
     "SingleFLOPs": ("GFLOP/s", 1e9, False),
     "SingleFLOPsVEC": ("GFLOP/s", 1e9, False),
 }
