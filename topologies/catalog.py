@@ -7,6 +7,7 @@ own compute NICs.
 
 from __future__ import annotations
 
+import difflib
 import math
 import tomllib
 from functools import cache
@@ -35,9 +36,20 @@ def _load(path: Path, model: type[_M]) -> _M:
     try:
         return model.model_validate(raw)
     except ValidationError as e:
-        first = e.errors()[0]
-        loc = ".".join(str(x) for x in first["loc"])
-        raise TopologyError(f"{path}: field {loc!r}: {first['msg']}") from e
+        raise TopologyError(f"{path}: {_complaint(e, model)}") from e
+
+
+def _complaint(e: ValidationError, model: type[BaseModel]) -> str:
+    """Pydantic's first complaint in one line; a key the schema lacks first, with the field
+    it most resembles (a misspelt required field is also missing, under its real name)."""
+    extra = [x for x in e.errors() if x["type"] == "extra_forbidden" and len(x["loc"]) == 1]
+    if extra:
+        key = str(extra[0]["loc"][0])
+        near = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.6)
+        hint = f"did you mean {near[0]!r}?" if near else "remove it"
+        return f"field {key!r} is not a {model.__name__} field; {hint}"
+    first = e.errors()[0]
+    return f"field {'.'.join(str(x) for x in first['loc'])!r}: {first['msg']}"
 
 
 def _ids(folder: Path) -> list[str]:
