@@ -32,7 +32,7 @@ def test_misspelt_server_field_names_the_intended_one(tmp_path: Path) -> None:
 def test_unknown_network_field_is_named(tmp_path: Path) -> None:
     src = sorted(NETWORKS_DIR.glob("*.toml"))[0]
     path = tmp_path / "n.toml"
-    path.write_text(src.read_text() + "\nflux_capacitor = 1\n")
+    path.write_text("flux_capacitor = 1\n" + src.read_text())  # top level, before any table
     with pytest.raises(
         TopologyError, match="'flux_capacitor' is not a NetworkSpec field; remove it"
     ):
