@@ -1,32 +1,40 @@
 #!/usr/bin/env bash
 # Measure a lent GPU with `tilesim kernels collect`, within one device call (issue 5).
 #
-# The lent machine's python3 holds PyTorch with CUDA, numpy, pandas, networkx and matplotlib
-# but not pydantic, and it reaches no network, so pydantic travels as wheels:
+# The lent machine (docs: the device tool's KINDS.md) has python3 with PyTorch and CUDA (torch
+# 2.11 there when last read, not the 2.13 that pyproject pins: so the project runs from this
+# checkout on PYTHONPATH, no `pip install -e .`, which would need the pin and a network),
+# numpy, pandas, networkx and matplotlib, but not pydantic, and it reaches no network, so
+# pydantic and its needs travel as wheels:
 #
 #   here, once:   bash benchmarks/gpu_collect.sh --fetch-wheels      (into .whl/, git-ignored)
-#   on the GPU:   device run, carry [".whl"], timeout_s 540, command:
+#   on the GPU:   device run, carry [".whl"], timeout_s 480, command:
 #                 bash benchmarks/gpu_collect.sh
 #   back here:    cp <files_at>/*.csv <files_at>/*.meta.json forecast/data/measured/
 #                 tilesim kernels tc-calibrate --measured forecast/data/measured/*.csv
 #
-# Writes $OUT/<gpu>.csv (NeuSight schema + dtype, kernel name, launch dims), its .meta.json
-# (GPU, clocks, driver, torch and CUDA versions) and $OUT/collect.log. BUDGET_S (default
-# 420 s) bounds the collection; the plan covers every op and dtype at its first shape before
-# any second shape, so a short budget still measures all of them. DEVICE=cpu runs the same
-# path on the CPU (how this script is tested); PYTHON picks the interpreter.
+# Writes $OUT/<gpu>.csv (NeuSight's kernel-table columns + dtype), its .meta.json (GPU, SMs,
+# L2, memory, driver, clocks idle and after the run, torch/CUDA/cuDNN versions, timing method)
+# and $OUT/collect.log. BUDGET_S (default 420 s) bounds the collection: a kernel starts only
+# if its first warm-up call shows it ends within it, and a guard stops the collector (rows are
+# written whole, one at a time) 30 s past it, so the whole call stays under 8 minutes. The
+# plan covers every op and dtype at its first shape before any second shape, so a short
+# budget still measures all of them; shapes that outgrow the GPU's memory are skipped and
+# listed. Run it again on the same $OUT to resume. DEVICE=cpu runs the same path on the CPU
+# (how this script is tested); PYTHON picks the interpreter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 if [[ "${1:-}" == "--fetch-wheels" ]]; then
     mkdir -p .whl
-    # pydantic and its own needs, for the lent machine's CPython 3.12 on x86-64
+    # pydantic and its own needs, for the lent machine's CPython 3.12 on x86-64; pydantic
+    # 2.14 needs typing-extensions >= 4.16, newer than the image may hold
     "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 -d .whl \
         "pydantic==2.14.4" "pydantic-core==2.50.5" "annotated-types==0.8.0" \
-        "typing-inspection==0.4.5"
+        "typing-inspection==0.4.5" "typing-extensions==4.16.0"
     ls .whl
     exit 0
 fi
@@ -35,7 +43,14 @@ OUT=${OUT:-results/collect}
 DEVICE=${DEVICE:-cuda}
 BUDGET_S=${BUDGET_S:-420}
 mkdir -p "$OUT"
+LOG="$OUT/collect.log"
+: >"$LOG"
 if ! "$PYTHON" -c "import pydantic" 2>/dev/null; then
+    if ! compgen -G ".whl/*.whl" >/dev/null; then
+        echo "gpu_collect.sh: pydantic is missing and .whl/ has no wheels; run" \
+            "'bash benchmarks/gpu_collect.sh --fetch-wheels' here and carry .whl" | tee -a "$LOG"
+        exit 2
+    fi
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site
@@ -51,8 +66,12 @@ EOF
 )
 if [[ "$DEVICE" == "cuda" ]]; then
     nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,power.limit \
-        --format=csv 2>&1 | tee "$OUT/collect.log"
+        --format=csv 2>&1 | tee -a "$LOG" || true
 fi
-"$PYTHON" -m simulator kernels collect --device "$DEVICE" --out "$OUT/$gpu.csv" \
-    --budget-s "$BUDGET_S" 2>&1 | tee -a "$OUT/collect.log"
-wc -l "$OUT/$gpu.csv" | tee -a "$OUT/collect.log"
+status=0
+timeout --signal=INT --kill-after=15 "$((${BUDGET_S%.*} + 30))" \
+    "$PYTHON" -m simulator kernels collect --device "$DEVICE" --out "$OUT/$gpu.csv" \
+    --budget-s "$BUDGET_S" 2>&1 | tee -a "$LOG" || status=$?
+echo "collector exit status $status; rows (header included): $(wc -l <"$OUT/$gpu.csv" 2>/dev/null || echo none)" |
+    tee -a "$LOG"
+exit "$status"

@@ -49,7 +49,7 @@ def op_shapes(op: str, device: str) -> list[tuple[int, ...]]:
         shapes = [(1, n) for n in (2**24, 2**20, 2**27, 2**30)]
     else:
         shapes = [(t, h) for t in [*tokens, 65536] for h in hidden if t * h <= 2**31]
-    return shapes
+    return list(dict.fromkeys(shapes))  # once each: 8192^3 is a layer and a wave-edge cube
 
 
 _CPU_SHAPES: dict[str, list[tuple[int, ...]]] = {

@@ -5,24 +5,33 @@ The only module of the project that times a device. Nothing imports it but the C
 repeated calls, each after an L2 flush (a write to a buffer twice the L2 size); CUDA events
 on a GPU, ``perf_counter`` around a synchronised call on the CPU.
 
-Rows follow the NeuSight schema (`forecast.dataset`): ``OPName``, ``B,M,N,K`` or ``B,H``,
-``Latency`` (ms), ``Device``, plus ``dtype``, ``Kernel Name`` and ``Grid/Block x,y,z`` of
-the longest kernel the profiler saw. ``gemm`` rows are ``bmm`` rows with ``B = 1``
-(``M,N,K`` = rows, reduction, cols); ``attention`` rows put ``BH, S_q, S_kv, D`` in
-``B, M, N, K``; ``adam`` rows are ``B = 1, H = parameters``. Re-running skips rows already
-in the file; ``budget_s`` stops cleanly between kernels; the plan visits every
-(op, dtype) pair at its first shape before any pair's second, so a short budget covers all.
+Rows carry every column of NeuSight's NVIDIA kernel tables (`forecast.dataset`):
+``OPName``, ``B,M,N,K`` or ``B,H``, ``Latency`` (ms), ``Device``, ``Kernel Name``, ``Grid/Block
+x,y,z``, ``Blocks/Warps per SM`` of the longest kernel the profiler saw, ``Kernels`` (every
+kernel of the call, each after a ``;``) and the software versions, plus ``dtype``. ``gemm``
+rows are ``bmm`` rows with ``B = 1`` (``M,N,K`` = rows, reduction, cols); ``attention`` rows
+put ``BH, S_q, S_kv, D`` in ``B, M, N, K``; ``adam`` rows are ``B = 1, H = parameters``.
+Re-running skips rows already in the file (a row torn by a kill is dropped first); within
+``budget_s`` a kernel starts only if its first warm-up call shows the rest fits, so the run
+stops cleanly with whole rows; the plan visits every (op, dtype) pair at its first shape
+before any pair's second, so a short budget covers all. A shape that runs out of device
+memory is skipped (reported apart, the allocator's cache emptied). ``allow_tf32`` is on for
+``tf32`` rows only, and restored after each row.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import gc
 import json
 import os
 import platform
 import statistics
+import subprocess
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +52,10 @@ COLUMNS: tuple[str, ...] = (
     "dtype",
     "Kernel Name",
 )
-COLUMNS += ("Grid x", "Grid y", "Grid z", "Block x", "Block y", "Block z")
+LAUNCH_COLUMNS = ("Grid x", "Grid y", "Grid z", "Block x", "Block y", "Block z")
+# NeuSight's other columns (its NVIDIA tables), after ours so that the first 16 stay put
+COLUMNS += (*LAUNCH_COLUMNS, "Warps per SM", "Blocks per SM", "Kernels")
+COLUMNS += ("Torch Version", "CUDNN Version", "CUDA Version")
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32}
 TORCH_DTYPES["fp32"] = torch.float32
 OP_NAMES = {"gemm": "bmm", "elementwise": "add", "layernorm": "ln"}
@@ -53,6 +65,10 @@ Fn = Callable[[], object]
 
 class CollectError(RuntimeError):
     """An (op, dtype, shape) the device or this PyTorch build cannot run."""
+
+
+class BudgetExceeded(Exception):  # noqa: N818 (a stop, not a failure)
+    """The kernel being timed would run past the collection's deadline."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +91,8 @@ class CollectReport:
     measured: int = 0
     skipped_existing: int = 0
     unsupported: list[str] = field(default_factory=list)
+    out_of_memory: list[str] = field(default_factory=list)
+    profiler_errors: list[str] = field(default_factory=list)
     stopped_by_budget: bool = False
     elapsed_s: float = 0.0
 
@@ -90,7 +108,7 @@ def _gemm_fn(dims: tuple[int, ...], dtype: str, device: str) -> Fn:
             raise CollectError("fp8 needs a CUDA GPU, B = 1 and dims divisible by 16")
         a = _rand((m, k), "fp32", device).to(torch.float8_e4m3fn)
         w = _rand((n, k), "fp32", device).to(torch.float8_e4m3fn).t()
-        one = torch.ones((), device=device)
+        one = torch.ones((), device=device, dtype=torch.float32)  # tensor-wise scales
         return lambda: torch._scaled_mm(a, w, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
     x, y = _rand((b, m, k), dtype, device), _rand((b, k, n), dtype, device)
     return lambda: torch.bmm(x, y)
@@ -136,8 +154,6 @@ def build_fn(op: str, dtype: str, dims: tuple[int, ...], device: str) -> Fn:
         raise CollectError("tf32 is a CUDA tensor-core mode of matmuls")
     if dtype == "fp8" and op != "gemm":
         raise CollectError("fp8 is collected for gemm (torch._scaled_mm) only")
-    if device != "cpu":
-        torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     if op in ("gemm", "bmm"):
         return _gemm_fn(dims, dtype, device)
     if op == "attention":
@@ -147,17 +163,45 @@ def build_fn(op: str, dtype: str, dims: tuple[int, ...], device: str) -> Fn:
     return _row_fn(op, dims, dtype, device)
 
 
+@contextlib.contextmanager
+def matmul_mode(dtype: str, device: str) -> Iterator[None]:
+    """cuBLAS's TF32 switch (process-wide) on for ``tf32`` rows and off for the others while
+    a row is built, timed and profiled; the caller's setting back afterwards."""
+    if device == "cpu":
+        yield
+        return
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
 def _sync(device: str) -> None:
     if device != "cpu":
         torch.cuda.synchronize()
 
 
-def time_s(fn: Fn, device: str, *, warmup: int, repeats: int) -> float:
-    """Median seconds of ``repeats`` calls after ``warmup`` calls, L2 flushed before each."""
-    flush_elems = 2 * _l2_bytes(device) // 4
+def time_s(
+    fn: Fn, device: str, *, warmup: int, repeats: int, deadline: float | None = None
+) -> float:
+    """Median seconds of ``repeats`` calls after ``warmup`` calls, L2 flushed before each.
+
+    With a ``deadline`` (``time.perf_counter`` seconds) each warm-up call is timed and a
+    `BudgetExceeded` raised as soon as the calls left (warm-ups, timed calls and the
+    profiler's one) at that call's time would end past it."""
+    flush_elems = _flush_bytes(device) // 4
     scratch = torch.empty(flush_elems, device=device, dtype=torch.float32)
+    calls_left = warmup + repeats + 1  # + the profiler's call (`launch_info`)
     for _ in range(warmup):
+        t0 = time.perf_counter()
         fn()
+        _sync(device)
+        calls_left -= 1
+        now = time.perf_counter()
+        if deadline is not None and now + (now - t0) * calls_left > deadline:
+            raise BudgetExceeded
     _sync(device)
     times = []
     for _ in range(repeats):
@@ -184,8 +228,35 @@ def _l2_bytes(device: str) -> int:
     return int(getattr(props, "L2_cache_size", 50 << 20))
 
 
-def launch_info(fn: Fn, device: str, trace: Path) -> tuple[str, list[int]]:
-    """Name and grid/block dims of the longest kernel (GPU) or operator (CPU) of one call."""
+def _flush_bytes(device: str) -> int:
+    """The buffer written before each timed call: twice the L2 (120 MiB on an H200)."""
+    return 2 * _l2_bytes(device)
+
+
+def launch_columns(events: list[dict[str, object]], device: str) -> dict[str, object]:
+    """Kernel Name, grid, block, blocks and warps per SM of the longest kernel (GPU) or
+    operator (CPU) among a chrome trace's events, and ``Kernels``: every one, in order."""
+    cat = "kernel" if device != "cpu" else "cpu_op"
+    ours = [e for e in events if str(e.get("cat", "")).lower() == cat and "dur" in e]
+    cols: dict[str, object] = dict.fromkeys(LAUNCH_COLUMNS, 0)
+    cols.update({"Kernel Name": "", "Warps per SM": 0, "Blocks per SM": 0, "Kernels": ""})
+    if not ours:
+        return cols
+    top = max(ours, key=lambda e: float(str(e["dur"])))
+    args = top.get("args")
+    args = args if isinstance(args, dict) else {}
+    dims = [*args.get("grid", [0, 0, 0]), *args.get("block", [0, 0, 0])]
+    cols.update(zip(LAUNCH_COLUMNS, (int(x) for x in dims), strict=True))
+    cols["Kernel Name"] = str(top.get("name", ""))
+    cols["Warps per SM"] = float(args.get("warps per SM", 0))
+    cols["Blocks per SM"] = float(args.get("blocks per SM", 0))
+    cols["Kernels"] = "".join(f";{e.get('name', '')}" for e in ours)  # NeuSight's form
+    return cols
+
+
+def launch_info(fn: Fn, device: str) -> dict[str, object]:
+    """`launch_columns` of one profiled call (the profiler's chrome trace, in a temporary
+    folder so that a kill leaves none beside the CSV)."""
     # Kineto, the profiler's backend, prints two "USDT: profiler_start/stop" lines to stderr
     # per profiled call (torch 2.13) at every log level up to 5; it reads this when it starts.
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
@@ -195,32 +266,29 @@ def launch_info(fn: Fn, device: str, trace: Path) -> tuple[str, list[int]]:
     with torch.profiler.profile(activities=acts) as prof:
         fn()
         _sync(device)
-    prof.export_chrome_trace(str(trace))
-    events = json.loads(trace.read_text()).get("traceEvents", [])
-    trace.unlink(missing_ok=True)
-    cat = "kernel" if device != "cpu" else "cpu_op"
-    ours = [e for e in events if e.get("cat") == cat and "dur" in e]
-    if not ours:
-        return "", [0] * 6
-    top = max(ours, key=lambda e: float(e["dur"]))
-    args = top.get("args", {})
-    dims = [*args.get("grid", [0, 0, 0]), *args.get("block", [0, 0, 0])]
-    return str(top.get("name", "")), [int(x) for x in dims]
+    with tempfile.TemporaryDirectory(prefix="tilesim-trace-") as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text()).get("traceEvents", [])
+    return launch_columns(events, device)
 
 
-def device_metadata(device: str) -> dict[str, object]:
-    """GPU (or CPU) name, clocks, driver, torch and CUDA versions."""
-    meta: dict[str, object] = {"torch": torch.__version__, "cuda": torch.version.cuda}
-    if device == "cpu":
-        meta.update(device_name=platform.processor() or platform.machine(), device="cpu")
-        return meta
-    props = torch.cuda.get_device_properties(device)
-    meta.update(device_name=props.name, sms=props.multi_processor_count)
-    meta.update(compute_capability=f"{props.major}.{props.minor}")
+def _versions() -> dict[str, object]:
+    """The row's software columns, as NeuSight's tables carry them."""
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {
+        "Torch Version": torch.__version__,
+        "CUDNN Version": cudnn or "",
+        "CUDA Version": torch.version.cuda or "",
+    }
+
+
+def nvidia_smi() -> dict[str, str] | None:
+    """Driver, clocks (now and maximum, SM and memory) and power limit, as nvidia-smi reads
+    them; None where it cannot run."""
+    query = "name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem"
+    query += ",power.limit,temperature.gpu"
     try:
-        import subprocess
-
-        query = "name,driver_version,clocks.max.sm,clocks.sm,clocks.mem,power.limit"
         res = subprocess.run(
             ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
             capture_output=True,
@@ -228,9 +296,34 @@ def device_metadata(device: str) -> dict[str, object]:
             timeout=10,
             check=False,
         )
-        meta["nvidia_smi"] = {"query": query, "value": res.stdout.strip()}
     except (OSError, subprocess.SubprocessError):
-        meta["nvidia_smi"] = None
+        return None
+    return {"query": query, "value": (res.stdout or res.stderr).strip()}
+
+
+def device_metadata(device: str, cfg: CollectConfig | None = None) -> dict[str, object]:
+    """GPU (or CPU) name, SMs, L2, memory, clocks, driver, torch, CUDA and cuDNN versions, and
+    how the kernels are timed. ``nvidia_smi`` is read now (idle clocks); `collect` adds
+    ``nvidia_smi_end``, read after the last kernel."""
+    versions = _versions()
+    meta: dict[str, object] = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    meta["cudnn"] = versions["CUDNN Version"] or None
+    if cfg is not None:
+        meta["timing"] = {
+            "warmup": cfg.warmup,
+            "repeats": cfg.repeats,
+            "statistic": "median",
+            "timer": "perf_counter" if device == "cpu" else "cuda_event",
+            "l2_flush_bytes": _flush_bytes(device),
+        }
+    if device == "cpu":
+        meta.update(device_name=platform.processor() or platform.machine(), device="cpu")
+        return meta
+    props = torch.cuda.get_device_properties(device)
+    meta.update(device_name=props.name, sms=props.multi_processor_count)
+    meta.update(compute_capability=f"{props.major}.{props.minor}")
+    meta.update(l2_bytes=_l2_bytes(device), total_memory_bytes=int(props.total_memory))
+    meta["nvidia_smi"] = nvidia_smi()
     return meta
 
 
@@ -238,6 +331,17 @@ def row_key(op: str, dtype: str, dims: tuple[int, ...]) -> tuple[str, ...]:
     """Resume key of a row: OPName, dtype and shape columns."""
     name = OP_NAMES.get(op, op)
     return (name, dtype, *(str(d) for d in dims))
+
+
+def _drop_torn_row(out: Path) -> None:
+    """A run killed while writing a row leaves a last line without its newline; cut it, so
+    that the next row does not land on the same line."""
+    if not out.is_file() or out.stat().st_size == 0:
+        return
+    data = out.read_bytes()
+    if not data.endswith(b"\n"):
+        with out.open("r+b") as f:
+            f.truncate(data.rfind(b"\n") + 1)
 
 
 def _existing_keys(out: Path) -> set[tuple[str, ...]]:
@@ -266,45 +370,93 @@ def _row(
 def collect(cfg: CollectConfig) -> CollectReport:
     """Measure every planned (op, dtype, shape) not already in ``cfg.out``, within budget."""
     t0 = time.perf_counter()
+    deadline = None if cfg.budget_s is None else t0 + cfg.budget_s
     report = CollectReport()
+    _drop_torn_row(cfg.out)
     done = _existing_keys(cfg.out)
-    meta = device_metadata(cfg.device)
-    write_text_atomic(cfg.out.with_suffix(".meta.json"), json.dumps(meta, indent=2) + "\n")
+    meta = device_metadata(cfg.device, cfg)
+    meta_path = cfg.out.with_suffix(".meta.json")
+    write_text_atomic(meta_path, json.dumps(meta, indent=2) + "\n")
     new_file = not cfg.out.is_file()
+    versions = _versions()
     with cfg.out.open("a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         if new_file:
             writer.writeheader()
         for op, dtype, dims in plan(cfg.ops, cfg.dtypes, cfg.device):
-            if cfg.budget_s is not None and time.perf_counter() - t0 >= cfg.budget_s:
+            if deadline is not None and time.perf_counter() >= deadline:
                 report.stopped_by_budget = True
                 break
-            if row_key(op, dtype, dims) in done:
+            key = row_key(op, dtype, dims)
+            if key in done:
                 report.skipped_existing += 1
                 continue
-            row = _measure(cfg, op, dtype, dims, str(meta["device_name"]))
-            if isinstance(row, str):
-                report.unsupported.append(row)
+            try:
+                row = _measure(cfg, op, dtype, dims, str(meta["device_name"]), deadline, report)
+            except BudgetExceeded:
+                report.stopped_by_budget = True
+                break
+            if isinstance(row, _Skip):
+                (report.out_of_memory if row.oom else report.unsupported).append(row.reason)
+                if row.oom:  # the failed attempt's tensors are free now; hand back the cache
+                    _release_memory(cfg.device)
                 continue
-            writer.writerow(row)
+            writer.writerow({**row, **versions})
             f.flush()
+            done.add(key)
             report.measured += 1
     report.elapsed_s = time.perf_counter() - t0
+    if cfg.device != "cpu":  # clocks under load, after the last kernel
+        meta["nvidia_smi_end"] = nvidia_smi()
+        write_text_atomic(meta_path, json.dumps(meta, indent=2) + "\n")
     return report
 
 
+@dataclass(frozen=True)
+class _Skip:
+    reason: str
+    oom: bool
+
+
+def _release_memory(device: str) -> None:
+    gc.collect()
+    if device != "cpu":
+        torch.cuda.empty_cache()
+
+
 def _measure(
-    cfg: CollectConfig, op: str, dtype: str, dims: tuple[int, ...], device_name: str
-) -> dict[str, object] | str:
-    """One row, or a one-line reason why this (op, dtype, shape) cannot run here."""
-    try:
-        fn = build_fn(op, dtype, dims, cfg.device)
-        latency_s = time_s(fn, cfg.device, warmup=cfg.warmup, repeats=cfg.repeats)
-        name, launch = launch_info(fn, cfg.device, cfg.out.with_suffix(".trace.json"))
-    except (CollectError, RuntimeError, TypeError, NotImplementedError) as e:
-        return f"{op} {dtype} {dims}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-    row = _row(op, dtype, dims, latency_s, device_name)
-    row["Kernel Name"] = name
-    row.update(zip(COLUMNS[-6:], launch, strict=True))
+    cfg: CollectConfig,
+    op: str,
+    dtype: str,
+    dims: tuple[int, ...],
+    device_name: str,
+    deadline: float | None = None,
+    report: CollectReport | None = None,
+) -> dict[str, object] | _Skip:
+    """One row, or why this (op, dtype, shape) cannot run here (out of memory apart); a
+    `BudgetExceeded` from `time_s` passes through. A profiler failure keeps the timed row
+    (without its kernel columns) and is noted in ``report.profiler_errors``."""
+    label = f"{op} {dtype} {dims}"
+    with matmul_mode(dtype, cfg.device):
+        try:
+            fn = build_fn(op, dtype, dims, cfg.device)
+            latency_s = time_s(
+                fn, cfg.device, warmup=cfg.warmup, repeats=cfg.repeats, deadline=deadline
+            )
+        except torch.cuda.OutOfMemoryError as e:
+            return _Skip(f"{label}: {_first_line(e)}", oom=True)
+        except (CollectError, RuntimeError, TypeError, NotImplementedError) as e:
+            return _Skip(f"{label}: {_first_line(e)}", oom=False)
+        row = _row(op, dtype, dims, latency_s, device_name)
+        try:
+            row.update(launch_info(fn, cfg.device))
+        except (RuntimeError, OSError, ValueError) as e:  # the timing stands without them
+            row.update(launch_columns([], cfg.device))
+            if report is not None:
+                report.profiler_errors.append(f"{label}: {_first_line(e)}")
     del fn
     return row
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -120,6 +120,10 @@ def _collect(args: argparse.Namespace) -> int:
     pairs = sorted({" ".join(u.split(" ")[:2]) for u in rep.unsupported})
     print(f"measured {rep.measured} kernels, skipped {rep.skipped_existing} already in {args.out}")
     print(f"unsupported here (op dtype): {', '.join(pairs) or 'none'}")
+    if rep.out_of_memory:  # whole shapes: "op dtype (dims)", without the allocator's message
+        print(f"out of memory (skipped): {'; '.join(u.split(':')[0] for u in rep.out_of_memory)}")
+    if rep.profiler_errors:  # timed rows kept, without kernel name and launch dims
+        print(f"profiler failed on {len(rep.profiler_errors)} kernels: {rep.profiler_errors[0]}")
     stop = "budget reached" if rep.stopped_by_budget else "plan finished"
     print(f"{stop} after {rep.elapsed_s:.1f} s")
     return 0
