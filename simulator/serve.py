@@ -11,6 +11,9 @@ evenly spaced ones are forecast and the rest interpolated linearly between them 
 time grows smoothly with its context; the steps of FlashAttention's 128-key blocks are
 smaller than the spacing).
 
+Host time is `e2e.FITTED`'s (none: the labelled runs are GPU-bound), so a small-batch
+``hf-eager`` decode, which Python dispatch bounds, is forecast at its GPU time only.
+
 Static batching: the batch starts and ends together (no continuous batching, no paging,
 no speculative decoding). Memory holds the weights, the KV cache at its final length
 (``2 x layers x batch x kv_heads x head_dim x (prompt + gen)`` elements of the workload's
