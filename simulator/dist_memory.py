@@ -11,7 +11,9 @@ over a group of one rank nothing is sharded and nothing is gathered.
 Activations per layer and micro-batch (Korthikanti et al. 2022, eq. 2 and section 4, in
 2-byte units, scaled by the element size; ``s`` = seq/cp; of the ``24/t`` the MLP's 16 scale
 with ffn/4h and are 24 for SwiGLU, and a MoE layer routing each token to ``k`` experts keeps
-them ``k`` times: `memory.parallel_units`):
+them ``k`` times: `memory.parallel_units`; a MoE layer also keeps its experts' input, the ``k``
+routed copies of each token gathered whole on every TP rank, ``+ 2k`` not divided by ``t``:
+`memory.routed_units`):
 no recompute ``s*b*h*(10 + 24/t + 5as/(ht))`` (``34/t`` with sequence parallelism; the
 ``5as/h`` score term vanishes with flash attention, `SimInputs.attention`, and its ``s`` is the
 whole sequence under cp: a rank's queries meet every key over the ring),
@@ -28,7 +30,12 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from forecast.kernels import ITEMSIZE_BYTES
-from simulator.memory import grad_itemsize_bytes, parallel_units, param_itemsize_bytes
+from simulator.memory import (
+    grad_itemsize_bytes,
+    parallel_units,
+    param_itemsize_bytes,
+    routed_units,
+)
 from simulator.parallel import Layout
 from simulator.scenario import SimInputs
 from simulator.stagecost import chunk_expert_params, end_tensors, moe_layer_params
@@ -58,6 +65,7 @@ def layer_activation_bytes(inputs: SimInputs, layout: Layout, *, working: bool =
     run, m = layout.run, inputs.model
     s, b, h, t = inputs.seq_len // run.cp, run.micro_batch_size, m.hidden_size, run.tp
     par = parallel_units(m)  # attention's 8, the MLP's per expert of a token (MoE top-k)
+    routed = routed_units(m, inputs.framework)  # the experts' input: whole on every TP rank
     # unfused scores: this rank's s = seq/cp queries against all seq keys (the cp ring steps'
     # blocks are all kept for the backward)
     scores = 0.0 if inputs.attention == "flash" else 5.0 * m.num_heads * inputs.seq_len / (h * t)
@@ -66,7 +74,7 @@ def layer_activation_bytes(inputs: SimInputs, layout: Layout, *, working: bool =
     if recompute == "full":
         units = 2.0 / t if sp else 2.0
     else:
-        units = (10.0 + par) / t if sp else 10.0 + par / t
+        units = ((10.0 + par) / t if sp else 10.0 + par / t) + routed
         units += scores if recompute == "none" else 0.0
     return s * b * h * units * ITEMSIZE_BYTES[inputs.dtype] / 2.0
 

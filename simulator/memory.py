@@ -4,7 +4,8 @@ Closed forms, per Korthikanti et al. 2022 (arXiv 2205.05198, eq. 2) scaled from 
 workload's element size: one layer stores ``s*b*h*(34 + 5*a*s/h)`` bytes of activations in
 16-bit (the ``5as/h`` attention-score term vanishes with flash attention, i.e. ``megatron``
 with ``attention = "flash"``;
-the MLP's 16 of the 34 scale with ffn / 4h, and are 24 for SwiGLU: `parallel_units`);
+the MLP's 16 of the 34 scale with ffn / 4h, and are 24 for SwiGLU: `parallel_units`; a MoE
+layer adds the copies of each token it routes to its experts: `routed_units`);
 inference keeps two layers' worth alive. Adam keeps two fp32 moments per parameter, plus an
 fp32 master copy when training in a 16-bit type.
 """
@@ -16,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from forecast.gpus import GPUSpec
 from forecast.kernels import ITEMSIZE_BYTES, Dtype
 from simulator.models import ModelSpec
-from simulator.opgraph import Workload
+from simulator.opgraph import Framework, Workload
 
 GIB = 2**30
 
@@ -51,12 +52,32 @@ def parallel_units(model: ModelSpec) -> float:
     return attention + mlp * (1.0 + (model.experts_per_token - 1) * moe_share)
 
 
+def routed_units(model: ModelSpec, framework: Framework = "megatron") -> float:
+    """The copies a MoE layer makes of each token it routes, in 2-byte units of ``h`` per token,
+    averaged over the share of MoE layers (0 for a dense model): ``2k`` for the experts' input,
+    each token's hidden state once per expert it goes to (``k = experts_per_token``), which
+    the experts' first linear saves (Megatron-core's GroupedMLP / SequentialMLP; HF's
+    ``hidden_states[top_x]``). Megatron-core's all-to-all token dispatcher all-gathers the
+    routed tokens over TP (``gather_from_sequence_parallel_region``), so every TP rank keeps all
+    ``k x tokens`` of them, ``h`` wide: this part is never divided by ``tp``, with or without
+    sequence parallelism. HF eager adds another ``2k``: each expert's output times its routing
+    weight, a multiply that saves the output for the weight's gradient. Megatron-core, since its
+    memory-efficient token permutation (2025; Megatron-LM issue 1716), applies the routing
+    probabilities inside the experts' activation, whose saved input serves, and unpermutes
+    without them: nothing more. Before that its ``unpermute`` multiplied and saved ``k x
+    tokens x h / tp`` more (TransformerEngine PR 1468 moved the multiply "to avoid saving huge
+    input tensor of unpermute function")."""
+    moe_share = model.moe_layers(model.num_layers) / model.num_layers
+    copies = 2.0 if framework == "hf-eager" else 1.0
+    return copies * 2.0 * model.experts_per_token * moe_share
+
+
 def layer_activation_bytes(model: ModelSpec, run: Workload) -> float:
     """Activation bytes one layer keeps for its backward pass."""
     s, b, h, a = run.seq, run.batch, model.hidden_size, model.num_heads
     flash = run.framework == "megatron" and run.attention == "flash"
     scores = 0.0 if flash else 5.0 * a * s / h
-    per_token = 10.0 + parallel_units(model) + scores
+    per_token = 10.0 + parallel_units(model) + routed_units(model, run.framework) + scores
     return s * b * h * per_token * ITEMSIZE_BYTES[run.dtype] / 2.0
 
 

@@ -350,8 +350,8 @@ def expert_params(model: ModelSpec) -> int:
 
 def expert_layer_params(model: ModelSpec, run: RunConfig) -> float:
     """Expert parameters one GPU holds of one MoE layer: its ``num_experts / ep`` experts, a
-    ``1 / tp`` shard of each. The layer's other parameters (attention, norms, router) are
-    held as a dense layer's are."""
+    ``1 / tp`` shard of each. The layer's other parameters are held as a dense layer's are,
+    the router whole (`moe_layer_params`)."""
     return model.num_experts * expert_params(model) / (run.tp * run.ep)
 
 
@@ -361,9 +361,12 @@ def chunk_expert_params(model: ModelSpec, run: RunConfig, layers: int) -> float:
 
 
 def moe_layer_params(model: ModelSpec, run: RunConfig) -> float:
-    """Parameters one GPU holds of one MoE layer: the shared part over ``tp``, its experts."""
-    shared = model.layer_params(moe=True) - model.num_experts * expert_params(model)
-    return shared / run.tp + expert_layer_params(model, run)
+    """Parameters one GPU holds of one MoE layer: the shared part over ``tp``, the router's
+    ``h x E`` weight whole (Megatron-core's TopKRouter does not split it over TP; its gradient
+    is all-reduced over TP, as `ModelSpec.layer_param_tensors` lists it), its experts."""
+    router = model.hidden_size * model.num_experts
+    shared = model.layer_params(moe=True) - model.num_experts * expert_params(model) - router
+    return shared / run.tp + router + expert_layer_params(model, run)
 
 
 def chunk_params(model: ModelSpec, run: RunConfig, layers: int, *, first: bool, last: bool) -> int:

@@ -117,7 +117,9 @@ def test_pipeline_hop_gathers_the_activation_over_tp() -> None:
 
 def test_moe_activations_grow_with_experts_per_token() -> None:
     """Top-k routing keeps k copies of each token's MLP activations (Korthikanti's 16 of the 24
-    tensor-parallel units, here ffn = 4h); it was the same memory for every k."""
+    tensor-parallel units, here ffn = 4h); it was the same memory for every k. The experts'
+    input, k copies of each token gathered whole on every TP rank, adds 2k units not divided
+    by t (`memory.routed_units`)."""
     run = RunConfig(tp=2, pp=2, dp=2, micro_batch_size=2)
 
     def acts(k: int) -> float:
@@ -125,9 +127,9 @@ def test_moe_activations_grow_with_experts_per_token() -> None:
         return layer_activation_bytes(inputs, layout_of(inputs, run))
 
     s, b, h, t = 128, 2, 256, 2
-    assert acts(1) == pytest.approx(s * b * h * (10 + 24 / t), rel=1e-12)  # bf16: 2-byte units
-    assert acts(2) - acts(1) == pytest.approx(s * b * h * 16 / t, rel=1e-12)
-    assert acts(4) - acts(1) == pytest.approx(3 * s * b * h * 16 / t, rel=1e-12)
+    assert acts(1) == pytest.approx(s * b * h * (10 + 24 / t + 2), rel=1e-12)  # bf16: 2-byte units
+    assert acts(2) - acts(1) == pytest.approx(s * b * h * (16 / t + 2), rel=1e-12)
+    assert acts(4) - acts(1) == pytest.approx(3 * s * b * h * (16 / t + 2), rel=1e-12)
 
 
 def test_swiglu_mlp_activations_count_gate_up_and_fc2_input() -> None:
@@ -135,7 +137,8 @@ def test_swiglu_mlp_activations_count_gate_up_and_fc2_input() -> None:
     keeps its 8), and SwiGLU saves three ffn-wide tensors (gate, up, fc2's input: 6 ffn/h), not
     two; a top-2 MoE keeps that MLP part twice. Llama-like ffn = 3.5h: 8 + 21 = 29 units, top-2
     50 (it was 24 x 0.875 = 21 and 21 + 14 = 35: the SwiGLU Mixtral and Llama scenarios
-    under-counted their activations)."""
+    under-counted their activations), plus the experts' input, 2k = 4 units whole on every TP
+    rank (`memory.routed_units`)."""
     run = RunConfig(tp=2, pp=2, dp=2, micro_batch_size=2)
     s, b, h, t = 128, 2, 256, 2
     swiglu = ("model.activation='swiglu'", "model.ffn_hidden_size=896")
@@ -146,7 +149,7 @@ def test_swiglu_mlp_activations_count_gate_up_and_fc2_input() -> None:
 
     assert acts() == pytest.approx(10 + 29 / t, rel=1e-12)
     moe = ("model.num_experts=4", "model.experts_per_token=2")
-    assert acts(*moe) == pytest.approx(10 + 50 / t, rel=1e-12)
+    assert acts(*moe) == pytest.approx(10 + 50 / t + 4, rel=1e-12)
     half = _tiny(*swiglu, *moe).model.model_copy(update={"moe_every": 2})
     assert parallel_units(half) == pytest.approx(39.5, rel=1e-12)  # 1 of 2 layers is MoE
 
