@@ -67,7 +67,8 @@ def test_gpt3_a100_comment_overrides_load_and_resolve() -> None:
 def test_readme_candidate_counts_are_the_sweep_defaults() -> None:
     text = " ".join(README.split())
     top = re.search(
-        r"the (\d+) fitting layouts the screen rates fastest, or cheapest under `--rank cost`, `--candidates N`",
+        r"the (\d+) fitting layouts the screen rates fastest, or cheapest under "
+        r"`--rank cost`, `--candidates N`",
         text,
     )
     per = re.search(r"plus the fastest (\d+) of each cluster size and option, `--per-context", text)
