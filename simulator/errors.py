@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
 
@@ -30,3 +31,15 @@ def path_arg(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path; give a file or folder name")
     return Path(text)
+
+
+def cannot_write_in(folder: Path) -> str | None:
+    """None when a file can be created in ``folder``, else the system's reason. It creates
+    (and removes) one: `os.access` says yes to root even where the system refuses (/sys, a
+    read-only mount), and the refusal came after the work, as a traceback."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    return None

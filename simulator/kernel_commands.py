@@ -20,7 +20,7 @@ from forecast.predict import LATENCY_MODELS, WEIGHTS_DIR, ModelError, load_laten
 from forecast.report import ReportError, update_readme, validation_markdown
 from forecast.tensor_core import TensorCoreError
 from simulator.collect_commands import add_collect_commands, check_dims, gemm_kernel
-from simulator.errors import ConfigError, path_arg
+from simulator.errors import ConfigError, cannot_write_in, path_arg
 
 KERNEL_ERRORS: tuple[type[Exception], ...] = (DataError, ModelError, TensorCoreError, ReportError)
 VALIDATION_FILE = WEIGHTS_DIR / "validation.json"
@@ -207,6 +207,9 @@ def _check_out(path: Path, *, folder: bool) -> None:
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"--out {path}: {parent} is not a writable folder; give another path")
+    why = cannot_write_in(parent)
+    if why:
+        raise ConfigError(f"--out {path}: cannot write in {parent} ({why}); give another path")
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -33,14 +33,52 @@ def latency_table(inputs: SimInputs, runs: list[RunConfig]) -> LatencyTable:
 
 
 def layout_of(inputs: SimInputs, run: RunConfig) -> Layout:
-    """Check a layout against the scenario (`ConfigError` names the key and the rule)."""
-    return check_run(
+    """Check a layout against the scenario (`ConfigError` names the key and the rule), its
+    step graph included (`check_graph_size`): a sweep prunes what `simulate` would refuse."""
+    layout = check_run(
         run,
         inputs.model,
         num_gpus=inputs.num_gpus,
         global_batch_size=inputs.global_batch_size,
         seq_len=inputs.seq_len,
         gpus_per_node=inputs.cluster.server.gpus_per_node,
+    )
+    check_graph_size(layout)
+    return layout
+
+
+# Nodes of one step's execution graph that `simulate` builds: 100,000 take 10-20 s on this
+# project's shared 2-core machine, so 200,000 stays under a minute; the largest published
+# layout (`dist_validate`) has under 80,000 and the shipped sweeps' under 75,000.
+MAX_GRAPH_NODES = 200_000
+
+
+def graph_nodes(layout: Layout) -> int:
+    """An upper bound of the nodes of ``layout``'s execution graph (`execgraph` schema): per
+    stage and model chunk a forward and a backward task per micro-batch (ZeRO-3: and a
+    gather per task, a reduce-scatter per backward), the last backward cut into ``buckets``
+    pieces and one reduction per bucket; per stage the optimizer step and its all-gather."""
+    run, m = layout.run, layout.num_micro_batches
+    tasks = 2 * m + (3 * m if run.zero_stage >= 3 else 0)
+    return run.pp * layout.chunks * (tasks + 2 * run.buckets) + 2 * run.pp
+
+
+def check_graph_size(layout: Layout) -> None:
+    """A `ConfigError` naming the key to change when the step graph would take minutes to
+    build and schedule (10^6 sequences a step on a toy model, or 10^6 buckets)."""
+    run, m = layout.run, layout.num_micro_batches
+    nodes = graph_nodes(layout)
+    if nodes <= MAX_GRAPH_NODES:
+        return
+    if run.buckets >= m:
+        key, fix = "run.buckets", "use fewer DP gradient buckets"
+    else:
+        key = "training.global_batch_size"
+        fix = "raise run.micro_batch_size or run.dp, or lower the global batch"
+    raise ConfigError(
+        f"{key}: {m:,} micro-batches and {run.buckets:,} buckets x {run.pp} stages x "
+        f"{layout.chunks} chunks = {nodes:,} graph tasks; at most {MAX_GRAPH_NODES:,} are "
+        f"simulated: {fix}"
     )
 
 
@@ -87,23 +125,11 @@ def _step_info(inputs: SimInputs, layout: Layout) -> StepInfo:
     )
 
 
-# Forward and backward tasks of one step's execution graph that `simulate` builds (about a
-# kilobyte each): the largest published layouts have a few tens of thousands.
-MAX_GRAPH_TASKS = 2_000_000
-
-
 def simulate_timeline(
     inputs: SimInputs, run: RunConfig, table: LatencyTable
 ) -> tuple[StepResult, Timeline]:
     """Simulate one layout; also return the timeline (for traces)."""
-    layout = layout_of(inputs, run)
-    tasks = 2 * run.pp * layout.chunks * layout.num_micro_batches
-    if tasks > MAX_GRAPH_TASKS:
-        raise ConfigError(
-            f"run: {layout.num_micro_batches:,} micro-batches x {run.pp} stages x "
-            f"{layout.chunks} chunks = {tasks:,} graph tasks; at most {MAX_GRAPH_TASKS:,} are "
-            "simulated: raise run.micro_batch_size or run.dp, or lower the global batch"
-        )
+    layout = layout_of(inputs, run)  # the graph's size included
     with _gc_paused():
         timeline = schedule(build_exec_graph(step_costs(inputs, layout, table)))
         return summarize(timeline, _step_info(inputs, layout)), timeline

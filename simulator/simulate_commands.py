@@ -20,7 +20,7 @@ from simulator.dist_validate import (
     check_published,
     markdown,
 )
-from simulator.errors import ConfigError, path_arg
+from simulator.errors import ConfigError, cannot_write_in, path_arg
 from simulator.models import DEFAULT_DATA_DIR
 from simulator.scenario import TrainingSection, check_tokens, load_scenario, resolve
 from simulator.simulate import latency_table, layout_of, simulate_timeline
@@ -99,6 +99,11 @@ def _check_trace_path(path: Path) -> None:
         raise ConfigError(f"--trace {path} is a folder; give a file name such as step.json")
     if not path.parent.is_dir():
         raise ConfigError(f"--trace {path}: {path.parent} is not a folder; create it first")
+    why = cannot_write_in(path.parent)
+    if why:
+        raise ConfigError(
+            f"--trace {path}: cannot write in {path.parent} ({why}); give another path"
+        )
 
 
 ZERO3_FIT_MODEL = "174.6B"  # the GPT-3 175B rows

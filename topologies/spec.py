@@ -21,7 +21,8 @@ class TopologyError(ValueError):
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # finite: a rate or latency of inf priced collectives at 0 s or Infinity (NaN steps)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class LinkTier(_Frozen):
