@@ -4,7 +4,8 @@ and Switch Transformer (T5 encoder-decoder, every ``moe_every``-th FFN a top-1 M
 Llama is not checked against a per-op trace (the NeuSight labels have none); Switch against
 its one full-model trace on L4 (T5 attention has no score scaling; the position bias is a
 full-size add). Expert FFNs see ``tokens * experts_per_token / num_experts`` tokens
-each (balanced routing), at most ``expert_capacity`` per sequence (HF Switch drops the rest).
+each (balanced routing), at most ``expert_capacity`` per sequence (HF Switch drops the rest);
+with fewer routed rows than experts (decoding) only ``tokens * experts_per_token`` of them run.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def moe_ffn(m: ModelSpec, z: Sizes, expert: list[FrameworkOp], rows: int) -> lis
         r.elementwise("route_weight", "mulu", (rows, z.H), z.dt),
         r.memory("scatter", "embedding", (rows, z.H), z.dt, bw_op="copy"),
     ]
-    return router + per_expert * (m.local_experts or m.num_experts)  # an EP shard: its own
+    return router + per_expert * m.routed_experts(z.T)  # an EP shard: its own, those hit
 
 
 def llama(m: ModelSpec, run: Workload) -> tuple[Block, ...]:

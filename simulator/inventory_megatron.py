@@ -113,9 +113,10 @@ def decoder(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
         ffn = [
             r.linear("router", z.T, (z.H, m.num_experts), z.dt, bias=False),
             r.memory("permute", "copy", (z.T * m.experts_per_token, z.H), z.dt, bw_op="copy"),
-            *(_ffn(m, z, rows) * (m.local_experts or m.num_experts)),
+            *(_ffn(m, z, rows) * m.routed_experts(z.T)),
             r.memory("unpermute", "copy", (z.T * m.experts_per_token, z.H), z.dt, bw_op="copy"),
         ]
+    kv_shape = (z.T, 2 * z.kv * z.d)  # in the dtype attention reads it in (bf16 for fp8)
     causal = m.architecture != "bert"  # BERT's encoder attends both ways
     flash = [flash_attention(z, causal=causal)]
     attention = flash if run.attention == "flash" else unfused_attention(z)
@@ -123,7 +124,7 @@ def decoder(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
         _norm("input_norm", m, z),
         r.linear("qkv", z.T, (z.H, qkv), z.dt, bias=m.bias),
         # a static KV cache (Megatron's inference): the pass's K and V written into it
-        *([r.memory("kv_cache_write", "copy", (z.T, 2 * z.kv * z.d), z.dt)] if z.cache else []),
+        *([r.memory("kv_cache_write", "copy", kv_shape, run.kv_dtype)] if z.cache else []),
         *attention,
         r.linear("proj", z.T, (z.nh * z.d, z.H), z.dt, bias=m.bias),
         r.elementwise("bias_dropout_add", "add", (z.T, z.H), z.dt),

@@ -18,6 +18,10 @@ from simulator.errors import ConfigError
 
 CATALOG_DIR = Path(__file__).parent / "data" / "models"
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "neusight"
+# One expert FFN op per local expert in the op list: 2^16 experts price a step in about
+# 0.1 s, 10^6 took over a minute and 2^63 overflowed; the largest MoE models have a few
+# thousand (Switch-C: 2,048, Fedus et al. 2021)
+MAX_EXPERTS = 2**16
 
 Architecture = Literal["gpt2", "opt", "bert", "switch", "llama", "mixtral"]
 Activation = Literal["gelu", "gelu_new", "relu", "swiglu"]
@@ -107,6 +111,12 @@ class ModelSpec(BaseModel):
                 f"{self.local_experts}: the simulator sets it on each expert-parallel shard "
                 "(num_experts / run.ep); remove it and choose run.ep",
             )
+        if self.num_experts > MAX_EXPERTS:
+            raise ShapeError(
+                "num_experts",
+                f"{self.num_experts} experts: at most {MAX_EXPERTS} (2^16) per layer are "
+                f"modelled; set num_experts to {MAX_EXPERTS} or fewer",
+            )
         if self.experts_per_token > self.num_experts:
             raise ShapeError(
                 "experts_per_token",
@@ -125,10 +135,21 @@ class ModelSpec(BaseModel):
         tokens the all-to-all brings (it capped their sum: at ep 8 a 64-token cap let one
         expert run 64 rows, not 8 x 64)."""
         local = self.local_experts or self.num_experts  # after the all-to-all: a shard's share
-        rows = max(1, tokens // sequences * self.experts_per_token // local)
+        rows = tokens // sequences * self.experts_per_token // local
+        if rows == 0:  # fewer routed rows a sequence than experts (a decode pass): no cap binds
+            return -(-tokens * self.experts_per_token // self.routed_experts(tokens))
         if self.expert_capacity:
             rows = min(rows, self.expert_capacity * (self.num_experts // local))
         return rows * sequences
+
+    def routed_experts(self, tokens: int) -> int:
+        """Experts of this GPU that receive any of ``tokens`` under balanced routing: all its
+        `local_experts`, or only ``tokens x experts_per_token`` of them when there are fewer
+        routed rows than that (a decode pass of a small batch: Mixtral at batch 1 runs 2 of
+        its 8 experts, one row each, and reads only their weights; an expert no token
+        reaches launches no GEMM, in HF's loop over the experts hit as in Megatron's)."""
+        local = self.local_experts or self.num_experts
+        return min(local, tokens * self.experts_per_token)
 
     @property
     def kv_heads(self) -> int:

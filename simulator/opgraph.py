@@ -93,6 +93,15 @@ class Workload(BaseModel):
         return self.past + self.seq
 
     @property
+    def kv_dtype(self) -> Dtype:
+        """Element type of the KV cache: the one attention reads it in. fp8 under Megatron's
+        flash attention is bf16 (fp8 GEMMs only, attention in bf16: TransformerEngine's
+        recipe, `inventory_megatron.flash_attention`; vLLM's fp8 weights keep a bf16 cache
+        too unless told ``--kv-cache-dtype fp8``); elsewhere the workload's dtype."""
+        flash = self.framework == "megatron" and self.attention == "flash"
+        return Dtype.BF16 if flash and self.dtype is Dtype.FP8 else self.dtype
+
+    @property
     def logit_rows(self) -> int:
         """Rows of the output head: every token, or each sequence's last under a KV cache."""
         return self.batch if self.kv_cache else self.tokens

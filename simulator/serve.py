@@ -16,9 +16,13 @@ Host time is `e2e.FITTED`'s (none: the labelled runs are GPU-bound), so a small-
 
 Static batching: the batch starts and ends together (no continuous batching, no paging,
 no speculative decoding). Memory holds the weights, the KV cache at its final length
-(``2 x layers x batch x kv_heads x head_dim x (prompt + gen)`` elements of the workload's
-dtype) and the prefill's activations; ``max_batch`` is the largest batch that fits, as all
-three but the weights grow with the batch.
+(``2 x layers x batch x kv_heads x head_dim x (prompt + gen)`` elements of
+`opgraph.Workload.kv_dtype`) and the prefill's activations; ``max_batch`` is the largest batch
+that fits, as all three but the weights grow with the batch. fp8 means fp8 weights and GEMMs:
+1-byte weights, while under ``megatron`` attention runs in bf16 and reads a bf16 KV cache (as
+TransformerEngine's recipe, and vLLM's fp8 weights without ``--kv-cache-dtype fp8``); an fp8
+KV cache is not modelled. MoE layers run only the experts their routed rows reach
+(`ModelSpec.routed_experts`: 2 of Mixtral's 8 at batch 1).
 
 Tensor parallelism (``tp`` GPUs of one server, Megatron-style as vLLM runs it): each GPU
 holds ``1 / tp`` of the heads, FFN columns and vocabulary (`shard`; KV heads are replicated
@@ -43,7 +47,15 @@ from simulator.e2e import FITTED, Overheads, family_times_s, phase_time_s
 from simulator.errors import ConfigError
 from simulator.memory import GIB, estimate_memory
 from simulator.models import ModelSpec
-from simulator.opgraph import Framework, OpGraph, Phase, Workload, build_ops, on_gpu
+from simulator.opgraph import (
+    MAX_TOKENS,
+    Framework,
+    OpGraph,
+    Phase,
+    Workload,
+    build_ops,
+    on_gpu,
+)
 from topologies import Cluster, collective_estimate
 
 
@@ -120,8 +132,10 @@ def tp_comm_s(model: ModelSpec, run: Workload, tp: int, cluster: Cluster | None)
 
 
 def kv_cache_bytes(model: ModelSpec, req: ServeRequest) -> float:
-    """K and V of every layer for every token a sequence ends with, for the whole batch."""
-    per_token = 2 * model.total_layers * model.kv_heads * model.dhead * ITEMSIZE_BYTES[req.dtype]
+    """K and V of every layer for every token a sequence ends with, for the whole batch, in
+    the dtype attention reads them in (`opgraph.Workload.kv_dtype`: bf16 for megatron fp8)."""
+    item = ITEMSIZE_BYTES[_prefill(req).kv_dtype]
+    per_token = 2 * model.total_layers * model.kv_heads * model.dhead * item
     return float(per_token * req.batch * (req.prompt + req.gen))
 
 
@@ -134,6 +148,18 @@ def decode_samples(gen: int) -> list[int]:
     if gen - 1 <= MAX_DECODE_SAMPLES:
         return list(range(1, gen))
     return sorted({int(j) for j in np.rint(np.linspace(1, gen - 1, MAX_DECODE_SAMPLES))})
+
+
+def _prefill(req: ServeRequest) -> Workload:
+    """The prefill pass of ``req``: every prompt token, writing the KV cache."""
+    return Workload(
+        batch=req.batch,
+        seq=req.prompt,
+        mode="inf",
+        framework=req.framework,
+        dtype=req.dtype,
+        kv_cache=True,
+    )
 
 
 def passes(req: ServeRequest) -> list[Workload]:
@@ -156,15 +182,7 @@ def passes(req: ServeRequest) -> list[Workload]:
 
 def _memory(model: ModelSpec, gpu: GPUSpec, req: ServeRequest) -> tuple[float, float, float]:
     """Weights, KV cache and total bytes of ``req``."""
-    prefill = Workload(
-        batch=req.batch,
-        seq=req.prompt,
-        mode="inf",
-        framework=req.framework,
-        dtype=req.dtype,
-        kv_cache=True,
-    )
-    mem = estimate_memory(model, prefill, gpu)
+    mem = estimate_memory(model, _prefill(req), gpu)
     kv = kv_cache_bytes(model, req)
     return mem.weights_bytes, kv, mem.total_bytes + kv
 
@@ -219,6 +237,12 @@ def forecast_passes(
         model.check_sequence(req.prompt + req.gen - 1)
     except ConfigError as e:
         raise ConfigError(f"--prompt + --gen - 1 tokens: {e}") from None
+    keys = req.batch * (req.prompt + req.gen - 1)  # the last decode pass's, the most
+    if keys > MAX_TOKENS:
+        raise ConfigError(
+            f"--batch {req.batch}: {req.batch} x {req.prompt + req.gen - 1} tokens of context "
+            f"= {keys:.3g}; at most {MAX_TOKENS:.3g} (2^40) are modelled, use a smaller --batch"
+        )
     if cluster is not None and req.tp > cluster.server.gpus_per_node:
         raise ConfigError(
             f"--tp {req.tp}: tensor parallelism stays inside one {cluster.server.id} "
