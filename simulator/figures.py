@@ -22,6 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.figure import Figure
+from matplotlib.text import Annotation
 
 # dates matplotlib would stamp, per format (PostScript reads SOURCE_DATE_EPOCH instead)
 _NO_DATE = {"svg": {"Date": None}, "pdf": {"CreationDate": None, "ModDate": None}}
@@ -49,6 +50,35 @@ def _write(fig: Figure, tmp: Path, fmt: str, dpi: int) -> None:
         fig.savefig(buf, dpi=dpi, bbox_inches="tight", format=kind, **meta)
     data = buf.getvalue()
     tmp.write_bytes(gzip.compress(data, mtime=0) if fmt == "svgz" else data)
+
+
+def place_labels(fig: Figure, labels: list[Annotation]) -> None:
+    """Move point labels (each offset in points from its point) so that each lies inside its
+    axes and none covers another: one past the right (top) edge goes to the left of (below) its
+    point, and of two that overlap in one axes the upper moves up clear of the lower. Measured
+    on the laid-out figure, which `save_figure` lays out the same way again."""
+    fig.tight_layout()
+    for t in labels:
+        if t.axes is None:
+            continue
+        frame, box = t.axes.get_window_extent(), t.get_window_extent()
+        dx, dy = t.xyann
+        if box.x1 > frame.x1:
+            t.set_horizontalalignment("right")
+            dx = -abs(dx)
+        if box.y1 > frame.y1:
+            t.set_verticalalignment("top")
+            dy = -abs(dy)
+        t.xyann = (dx, dy)
+    points_per_px = 72.0 / fig.dpi
+    placed: list[Annotation] = []
+    for t in sorted(labels, key=lambda t: t.get_window_extent().y0):
+        for other in placed:
+            box, below = t.get_window_extent(), other.get_window_extent()
+            if other.axes is t.axes and box.overlaps(below):
+                dx, dy = t.xyann
+                t.xyann = (dx, dy + (below.y1 - box.y0 + 1.0) * points_per_px)
+        placed.append(t)
 
 
 def save_figure(fig: Figure, path: Path, *, dpi: int = 110) -> Path:

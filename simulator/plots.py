@@ -13,8 +13,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.text import Annotation
+from matplotlib.transforms import offset_copy
 
-from simulator.figures import save_figure
+from simulator.figures import place_labels, save_figure
 from simulator.report import (
     RANKING_NAMES,
     amount_text,
@@ -27,6 +29,8 @@ from simulator.rows import Row
 
 PARTS = ("compute", "tp", "cp", "ep", "pp", "dp", "optimizer")
 COLORS = ("#4c72b0", "#dd8452", "#937860", "#da8bc3", "#55a868", "#c44e52", "#8172b3")
+# a part's legend entry: the communication parts are the time the step waits on it
+PART_NAMES = {p: p if p in ("compute", "optimizer") else f"exposed {p} comm." for p in PARTS}
 
 
 def _breakdown_s(r: Row) -> dict[str, float]:
@@ -65,21 +69,26 @@ def plot_top_layouts(rows: Sequence[Row], path: Path, *, by: str = "tokens", k: 
     fig, ax = plt.subplots(figsize=(11, 0.45 * max(4, len(top)) + 1.5))
     labels = [
         f"{r['context']}  {layout_label(r)}  ({r['tokens_per_s']:,.0f} tok/s, "
-        f"bubble {r['bubble_fraction'] or 0.0:.0%}{_ranked_amount(r, by)})"
+        f"bubble {r['bubble_fraction'] or 0.0:.1%}{_ranked_amount(r, by)})"
         for r in top
     ]
     left = [0.0] * len(top)
     for part, color in zip(PARTS, COLORS, strict=True):
         widths = [_breakdown_s(r)[part] * scale for r in top]
         if any(w > 0 for w in widths):
-            ax.barh(labels, widths, left=left, color=color, label=part)
+            ax.barh(labels, widths, left=left, color=color, label=PART_NAMES[part])
             left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.set_xlabel(
         f"step time, {unit}: the critical path's compute, exposed communication and optimizer "
         "(bubble: a GPU's mean idle share)"
     )
     ax.set_title(f"Top {len(top)} layouts by {RANKING_NAMES[by]} (best at the top)")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=8, ncol=8)
+    # a fixed 40 points below the axes, under the tick labels and the x label: a fraction of
+    # the axes' height lay over the x label when few layouts made the axes short
+    below = offset_copy(ax.transAxes, fig=fig, y=-40, units="points")
+    ax.legend(
+        loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=below, fontsize=8, ncol=8
+    )
     ax.tick_params(axis="y", labelsize=7)
     return save_figure(fig, path)
 
@@ -130,6 +139,7 @@ def plot_scaling(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path
     """Best simulated tokens/s against GPU count, one line per cluster option."""
     fig, ax = plt.subplots(figsize=(8, 5))
     best = best_per_context(rows, "tokens")
+    labels: list[Annotation] = []
     for option in sorted({r["option"] for r in best}):
         mine = sorted((r for r in best if r["option"] == option), key=lambda r: r["num_gpus"])
         xs = [r["num_gpus"] for r in mine]
@@ -137,7 +147,15 @@ def plot_scaling(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path
         ideal = [mine[0]["tokens_per_s"] * x / xs[0] for x in xs]
         ax.plot(xs, ideal, ls="--", lw=0.8, color=line.get_color(), label=f"{option}: linear")
         for r in mine:
-            ax.annotate(f"  MFU {r['mfu']:.0%}", (r["num_gpus"], r["tokens_per_s"]), fontsize=7)
+            # the report tables' MFU text (a whole percent read 50% beside the table's 50.3%)
+            mfu = ax.annotate(
+                f"MFU {r['mfu']:.1%}",
+                (r["num_gpus"], r["tokens_per_s"]),
+                textcoords="offset points",
+                xytext=(5, -3),
+                fontsize=7,
+            )
+            labels.append(mfu)
     ax.set_xscale("log", base=2)
     sizes = sorted({r["num_gpus"] for r in best})
     ax.set_xticks(sizes, [str(n) for n in sizes])
@@ -145,6 +163,7 @@ def plot_scaling(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path
     ax.set_ylabel("best tokens/s")
     ax.set_title("Scaling: best layout at each cluster size")
     ax.legend(fontsize=8)
+    place_labels(fig, labels)  # the largest size's labels ran past the axes' right edge
     return save_figure(fig, path)
 
 

@@ -208,6 +208,36 @@ def _basis(rows: Sequence[Row]) -> list[str]:
     ]
 
 
+# What each column of the report's tables is (the report printed them unexplained), and the
+# top-layouts figure's parts; the definitions are those of `simulator.results`
+COLUMNS = """\
+* `context`: the cluster option and its GPU count, `option@GPUs`.
+* `layout`, `best layout`: tensor (`tp`), context (`cp`, shown when over 1), pipeline (`pp`) and
+  data (`dp`) parallel degrees, micro-batch size (`mbs`), pipeline schedule (`/vN`: N virtual
+  stages per GPU), activation recomputation (none, selective, full), ZeRO stage (`z`), then
+  `sp` (sequence parallelism) and `dist-opt` (distributed optimizer) when on.
+* `tokens/s`: the whole cluster's training throughput, global batch x sequence length / step
+  time.
+* `MFU`: model FLOPs per step / (GPUs x step time x the GPU's dense peak FLOP/s in the training
+  dtype). Model FLOPs are 3 forward passes (the backward counted as two), a forward pass per
+  token being 2 x the layer weights (QKV, projection, FFN) + 4 x sequence length x attention
+  width per layer (causal mask not discounted) + 2 x hidden size x vocabulary for the head
+  (Narayanan et al. 2021, eq. 3); recomputation is not counted (it is in the rows' `hfu`).
+* `step s`: the simulated time of one training step (forward, backward and optimizer), seconds.
+* `bubble`: the mean over GPUs of the share of the forward-backward span a GPU's compute stream
+  is idle: pipeline fill and drain, and waits on communication not hidden under compute (the
+  gradient reduction left after the last backward, and the optimizer, are not in it).
+* `GiB/GPU`: peak memory of the fullest GPU (weights, gradients, optimizer state, activations
+  in flight, reserved), in GiB (2^30 bytes); a layout over the GPU's memory does not fit.
+* `option`, `GPUs`: the cluster option (`[[sweep.options]]` by id, else the cluster's GPU)
+  and its size.
+* `days`, `cost $`, `MWh`: time, cost and energy to train the token budget `sweep.train_tokens`
+  at the layout's tokens/s (`-` without the budget, a price or a power; see Notes).
+* Top-layouts figure: each step's critical path split into compute, exposed communication by
+  kind (time on the critical path spent in tp, cp, ep, pp or dp communication that compute did
+  not hide) and the optimizer; the parts add up to the step."""
+
+
 def markdown_report(
     rows: Sequence[Row],
     *,
@@ -243,6 +273,8 @@ def markdown_report(
         top_table(rows, k=k, by=by),
         "## Best layout per cluster option",
         procurement_table(rows, by=by),
+        "## Columns",
+        COLUMNS,
         "## Notes",
         f"* Screen vs simulation, tokens/s: median |error| {err[0]:.1%}, max {err[1]:.1%}."
         if err

@@ -15,9 +15,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.text import Annotation
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from simulator.figures import save_figure
+from simulator.figures import place_labels, save_figure
 from simulator.serve import PassTimes, ServeRequest, ServeResult
 
 MAX_PLOTTED_BATCH = 4096
@@ -47,10 +48,11 @@ def plot_serve(
     x = [r.output_tokens_per_s for r in results]
     y = [r.tpot_ms if request.gen > 1 else r.prefill_ms for r in results]
     left.plot(x, y, marker="o", color="tab:blue", lw=1)
+    labels: list[Annotation] = []
     for b, xi, yi, r in zip(batches, x, y, results, strict=True):
         mark = "" if r.fits else " (does not fit)"
         weight = "bold" if b == request.batch else "normal"
-        left.annotate(
+        label = left.annotate(
             f"b={b}{mark}",
             (xi, yi),
             textcoords="offset points",
@@ -58,6 +60,7 @@ def plot_serve(
             fontsize=7,
             fontweight=weight,
         )
+        labels.append(label)
     gpus = "1 GPU" if request.tp == 1 else f"all {request.tp} GPUs"
     per = "time per output token" if request.gen > 1 else "prefill"
     left.set(
@@ -74,7 +77,10 @@ def plot_serve(
     ms = [t * 1e3 for t in curve.seconds]
     if len(ms) > 1:
         right.plot(curve.contexts[1:], ms[1:], color="tab:orange", lw=1.5, marker=".", ms=3)
-    right.set_ylim(bottom=0)
+        # room above the longest pass: the autoscaled top sat on it and cut its markers
+        right.set_ylim(0, max(ms[1:]) * 1.08 or None)
+    else:
+        right.set_ylim(bottom=0)
     right.set(
         xlabel="context (tokens each sequence attends over)",
         ylabel="decode pass (ms)",
@@ -82,4 +88,5 @@ def plot_serve(
     )
     right.grid(alpha=0.3)
     fig.suptitle(title)
+    place_labels(fig, labels)  # the fastest batch's label ran past the right edge
     return save_figure(fig, out)
