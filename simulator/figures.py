@@ -16,7 +16,7 @@ from typing import Any
 import matplotlib
 
 from forecast.files import write_atomic
-from simulator.errors import ConfigError
+from simulator.errors import ConfigError, cannot_write_in
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -121,4 +121,7 @@ def figure_path(path: Path, flag: str) -> Path:
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"{flag} {path}: {parent} is not a writable folder; give another path")
+    why = cannot_write_in(parent)
+    if why:
+        raise ConfigError(f"{flag} {path}: cannot write in {parent} ({why}); give another path")
     return path

@@ -122,6 +122,7 @@ def _hardware(args: argparse.Namespace, req: ServeRequest) -> tuple[GPUSpec, Clu
 
 
 def _print(res: ServeResult, req: ServeRequest) -> None:
+    digits = 0 if res.output_tokens_per_s >= 100 else 2  # 0.26 tokens/s is not "0"
     print(
         f"batch {req.batch}, prompt {req.prompt}, gen {req.gen} ({req.framework}, {req.dtype}, "
         f"tp {req.tp})\n"
@@ -131,7 +132,7 @@ def _print(res: ServeResult, req: ServeRequest) -> None:
         f"mean {res.tpot_ms:.2f})\n"
         f"  of which tensor-parallel communication {res.comm_ms:.2f} ms\n"
         f"  total                         {res.e2e_ms:10.2f} ms, "
-        f"{res.output_tokens_per_s:,.0f} output tokens/s\n"
+        f"{res.output_tokens_per_s:,.{digits}f} output tokens/s\n"
         f"  memory per GPU {res.memory_gib:.2f} GiB (weights {res.weights_gib:.2f}, KV cache "
         f"{res.kv_cache_gib:.2f}), fits={res.fits}, largest batch that fits {res.max_batch}"
     )

@@ -26,10 +26,10 @@ MAX_PLOTTED_BATCH = 4096
 
 def plot_batches(request: ServeRequest, max_batch: int) -> list[int]:
     """Batches drawn on the left: powers of two up to the largest that fits (at most
-    `MAX_PLOTTED_BATCH`), and the requested one."""
+    `MAX_PLOTTED_BATCH`), that largest one, and the requested one."""
     top = min(max(max_batch, 1), MAX_PLOTTED_BATCH)
     powers = [2**i for i in range(top.bit_length()) if 2**i <= top]
-    return sorted({*powers, request.batch})
+    return sorted({*powers, top, request.batch})
 
 
 def plot_serve(

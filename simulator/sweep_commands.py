@@ -25,7 +25,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from forecast.files import write_text_atomic
-from simulator.errors import ConfigError, InfeasibleConfig, at_least
+from simulator.errors import ConfigError, InfeasibleConfig, at_least, cannot_write_in
 from simulator.report import RANKINGS, markdown_report, top_table
 from simulator.rows import (
     PROGRESS,
@@ -317,6 +317,9 @@ def _check_out(out: Path) -> None:
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"--out {out}: {parent} is not a writable folder; give another path")
+    why = cannot_write_in(parent)
+    if why:
+        raise ConfigError(f"--out {out}: cannot write in {parent} ({why}); give another path")
     _check_files(out, OUTPUTS, f"--out {out}")
 
 

@@ -256,7 +256,7 @@ def test_plot_batches_are_powers_of_two_that_fit_and_the_request() -> None:
     from simulator.serve_plots import plot_batches
 
     req = ServeRequest(batch=24, prompt=8, gen=2)
-    assert plot_batches(req, 56) == [1, 2, 4, 8, 16, 24, 32]
+    assert plot_batches(req, 56) == [1, 2, 4, 8, 16, 24, 32, 56]
     assert plot_batches(req, 0) == [1, 24]  # nothing fits: the request is still drawn
     assert plot_batches(req.model_copy(update={"batch": 1}), 10**6)[-1] == 4096
 
@@ -271,3 +271,19 @@ def test_cli_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "serve.nope"
     assert main([*args, "--plot", str(bad)]) == 2
     assert "--plot" in capsys.readouterr().err and not bad.exists()
+
+
+@pytest.mark.skipif(not Path("/sys").is_dir(), reason="no /sys")
+def test_plot_and_sweep_out_in_an_unwritable_folder_are_refused_before_work(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """/sys refuses new files even to root, whom os.access answers yes."""
+    from simulator.errors import cannot_write_in
+
+    if cannot_write_in(Path("/sys")) is None:
+        pytest.skip("/sys is writable here")
+    args = ["serve", "--model", "tiny-gpt", "--gpu", H100, "--batch", "1", "--prompt", "8"]
+    assert main([*args, "--gen", "2", "--plot", "/sys/serve.png"]) == 2
+    assert "cannot write in /sys" in capsys.readouterr().err
+    assert main(["sweep", "tiny-gpt-8gpu", "--serial", "--out", "/sys/tilesim-out"]) == 2
+    assert "cannot write in /sys" in capsys.readouterr().err
