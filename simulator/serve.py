@@ -181,8 +181,10 @@ def passes(req: ServeRequest) -> list[Workload]:
 
 
 def _memory(model: ModelSpec, gpu: GPUSpec, req: ServeRequest) -> tuple[float, float, float]:
-    """Weights, KV cache and total bytes of ``req``."""
-    mem = estimate_memory(model, _prefill(req), gpu)
+    """Weights, KV cache and total bytes of ``req``: the prefill's activations as it runs on
+    ``gpu`` (`on_gpu`: unfused attention, its scores in memory, where FlashAttention-2 has no
+    kernels), as `e2e.predict_run` counts them."""
+    mem = estimate_memory(model, on_gpu(_prefill(req), gpu), gpu)
     kv = kv_cache_bytes(model, req)
     return mem.weights_bytes, kv, mem.total_bytes + kv
 

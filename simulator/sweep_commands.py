@@ -76,7 +76,8 @@ def add_sweep_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "--candidates",
         type=int,
         default=TOP_CANDIDATES,
-        help="layouts the screen rates fastest simulated in full (default: %(default)s)",
+        help="layouts the screen rates fastest (cheapest under --rank cost) simulated in full "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--per-context",
