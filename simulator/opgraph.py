@@ -78,7 +78,7 @@ class Workload(BaseModel):
     def _bounded(self) -> Workload:
         if self.batch * self.keys > MAX_TOKENS:
             raise ValueError(
-                f"batch x seq = {self.batch * self.keys:.3g} tokens per pass; at most "
+                f"batch x (past + seq) = {self.batch * self.keys:.3g} tokens per pass; at most "
                 f"{MAX_TOKENS:.3g} (2^40) are modelled"
             )
         if self.past and not self.kv_cache:

@@ -277,6 +277,12 @@ def serve_forecast(
     """Forecast prefill and every decode pass of ``req`` (module docstring); ``req.tp > 1``
     needs the ``cluster`` of one server its GPUs sit in."""
     p = forecast_passes(model, gpu, req, latency_model, cluster=cluster, overheads=overheads)
+    return summarise(p, gpu)
+
+
+def summarise(p: PassTimes, gpu: GPUSpec) -> ServeResult:
+    """The result printed for the passes ``p`` forecast on ``gpu``."""
+    req = p.request
     fams = p.families_s
     families = {
         f: fams[0].get(f, 0.0) + p.all_decode([x.get(f, 0.0) for x in fams[1:]])

@@ -13,7 +13,13 @@ from simulator.errors import ConfigError, path_arg
 from simulator.figures import figure_path
 from simulator.models import DEFAULT_DATA_DIR, load_model
 from simulator.predict_commands import PREDICT_LATENCY, latency_model
-from simulator.serve import ServeRequest, ServeResult, forecast_passes, serve_forecast
+from simulator.serve import (
+    ServeRequest,
+    ServeResult,
+    forecast_passes,
+    serve_forecast,
+    summarise,
+)
 from topologies import Cluster
 from topologies.catalog import load_cluster, load_server
 
@@ -81,7 +87,8 @@ def _serve(args: argparse.Namespace) -> int:
         figure_path(args.plot, "--plot")  # before any work
     model = load_model(str(args.model), data_dir=args.data)
     gpu, cluster = _hardware(args, req)
-    res = serve_forecast(model, gpu, req, latency, cluster=cluster)
+    curve = forecast_passes(model, gpu, req, latency, cluster=cluster)
+    res = summarise(curve, gpu)
     if args.json:
         print(json.dumps(res.model_dump()))
     else:
@@ -89,7 +96,6 @@ def _serve(args: argparse.Namespace) -> int:
     if args.plot is not None:
         from simulator.serve_plots import plot_serve  # matplotlib only when a figure is drawn
 
-        curve = forecast_passes(model, gpu, req, latency, cluster=cluster)
         title = (
             f"{model.id} on {req.tp} x {gpu.id}, {req.framework} {req.dtype}: "
             f"{req.prompt}-token prompts, {req.gen} tokens generated (forecast)"
