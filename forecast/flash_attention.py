@@ -143,6 +143,12 @@ def forward_counts(head_dim: int, rates: SMRates) -> PipeCounts:
     br, bc, warps = FWD_TILES[d]
     if d == MAX_HEAD_DIM and rates.smem_bytes_per_sm >= BIG_SMEM_BYTES_PER_SM:
         br, bc, warps = 64, 64, 4
+    return forward_tile_counts(d, br, bc, warps)
+
+
+def forward_tile_counts(d: int, br: int, bc: int, warps: int) -> PipeCounts:
+    """Forward pipe work per S element of a ``br x bc`` tile swept by ``warps`` warps at
+    kernel head dim ``d`` (the one-pass and the split-KV kernels alike)."""
     ldmatrix = 2.0 * d * (br + 2 * warps * bc)  # each warp: its Q rows, all of K and V
     cp_async = 2.0 * 2 * bc * d  # K and V tiles into shared memory
     smem = (ldmatrix + cp_async) / (br * bc)
@@ -210,10 +216,8 @@ def splitkv_times_s(kernel: KernelSpec, rates: SMRates, overlap: Overlap) -> np.
     the fp32 partial outputs and log-sum-exps, written once and read once."""
     bh, s_q, s_kv, head_dim = kernel.dims
     d = kernel_head_dim(head_dim)
-    br, bc, warps = SPLITKV_BLOCK_M, splitkv_block_n(head_dim), 4
-    ldmatrix = 2.0 * d * (br + 2 * warps * bc)  # as `forward_counts`
-    smem = (ldmatrix + 2.0 * 2 * bc * d) / (br * bc)
-    counts = PipeCounts(4.0 * d, smem, 1.0 + 1.0 / bc, 3.5 + d / bc, br, bc)
+    br, bc = SPLITKV_BLOCK_M, splitkv_block_n(head_dim)
+    counts = forward_tile_counts(d, br, bc, warps=4)
     n = np.arange(2, MAX_SPLITS + 1, dtype=np.float64)
     per_split = np.ceil(math.ceil(s_kv / bc) / n)  # key blocks of one chunk
     ctas = bh * math.ceil(s_q / br) * n

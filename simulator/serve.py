@@ -56,6 +56,7 @@ from simulator.opgraph import (
     build_ops,
     on_gpu,
 )
+from simulator.stagecost import tp_shard
 from topologies import Cluster, collective_estimate
 
 
@@ -105,15 +106,7 @@ def shard(model: ModelSpec, tp: int) -> ModelSpec:
             f"over {tp} GPUs; use a tp that divides the heads and divides or is a multiple "
             "of the KV heads"
         )
-    return model.model_copy(
-        update={
-            "num_heads": model.num_heads // tp,
-            "num_kv_heads": max(1, kv // tp),
-            "head_dim": model.dhead,
-            "ffn_hidden_size": -(-model.ffn_hidden_size // tp),
-            "vocab_size": -(-model.vocab_size // tp),
-        }
-    )
+    return tp_shard(model, tp)
 
 
 def tp_comm_s(model: ModelSpec, run: Workload, tp: int, cluster: Cluster | None) -> float:
@@ -164,17 +157,10 @@ def _prefill(req: ServeRequest) -> Workload:
 
 def passes(req: ServeRequest) -> list[Workload]:
     """The prefill pass, then the sampled decode passes (`decode_samples`)."""
-    base = {
-        "batch": req.batch,
-        "mode": "inf",
-        "framework": req.framework,
-        "dtype": req.dtype,
-        "kv_cache": True,
-    }
-    prefill = Workload.model_validate({**base, "seq": req.prompt})
+    prefill = _prefill(req)
     # decode pass j (1 .. gen - 1) feeds token prompt + j - 1 of each sequence
     decode = [
-        Workload.model_validate({**base, "seq": 1, "past": req.prompt + j - 1})
+        Workload.model_validate({**prefill.model_dump(), "seq": 1, "past": req.prompt + j - 1})
         for j in decode_samples(req.gen)
     ]
     return [prefill, *decode]

@@ -130,16 +130,25 @@ class BlockTimes:
     col_wgrad_s: tuple[float, ...]
 
 
-def shard_model(model: ModelSpec, run: RunConfig) -> ModelSpec:
-    """The model one TP/EP shard holds."""
-    tp = run.tp
+def tp_shard(model: ModelSpec, tp: int) -> ModelSpec:
+    """The part of ``model`` one of ``tp`` tensor-parallel GPUs holds: ``1 / tp`` of the
+    heads, FFN columns and vocabulary; KV heads too, one a GPU where ``tp`` exceeds them
+    (replicated, as vLLM serves; training requires tp to divide them, `parallel.check_run`)."""
     return model.model_copy(
         update={
             "num_heads": model.num_heads // tp,
-            "num_kv_heads": model.kv_heads // tp,
+            "num_kv_heads": max(1, model.kv_heads // tp),
             "head_dim": model.dhead,
             "ffn_hidden_size": -(-model.ffn_hidden_size // tp),
             "vocab_size": -(-model.vocab_size // tp),
+        }
+    )
+
+
+def shard_model(model: ModelSpec, run: RunConfig) -> ModelSpec:
+    """The model one TP/EP shard holds."""
+    return tp_shard(model, run.tp).model_copy(
+        update={
             # the router still scores all experts; the shard runs its own E/ep (one at ep = E:
             # still an expert layer, routed and permuted, not a dense FFN)
             "local_experts": model.num_experts // run.ep,
