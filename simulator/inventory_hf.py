@@ -32,19 +32,9 @@ class Sizes:
     d: int
     V: int
     dt: Dtype
-    Sk: int = 0  # keys per query: S, or past + S under a KV cache (0: S)
-    L: int = 0  # rows of the output head: T, or B under a KV cache (0: T)
-    cache: bool = False  # generation with a KV cache (`opgraph.Workload.kv_cache`)
-
-    @property
-    def keys(self) -> int:
-        """Keys each query attends to."""
-        return self.Sk or self.S
-
-    @property
-    def logit_rows(self) -> int:
-        """Rows of the output head."""
-        return self.L or self.T
+    keys: int  # keys each query attends to: S, or past + S under a KV cache
+    logit_rows: int  # rows of the output head: T, or B under a KV cache
+    cache: bool  # generation with a KV cache (`opgraph.Workload.kv_cache`)
 
     @property
     def scores(self) -> tuple[int, int]:
