@@ -27,7 +27,7 @@ KV cache is not modelled. MoE layers run only the experts their routed rows reac
 Tensor parallelism (``tp`` GPUs of one server, Megatron-style as vLLM runs it): each GPU
 holds ``1 / tp`` of the heads, FFN columns and vocabulary (`shard`; KV heads are replicated
 where ``tp`` exceeds them, one a GPU), so every figure above is per GPU; each pass adds
-blocking collectives over NVLink (`topologies.collective_estimate`): two all-reduces of the
+blocking collectives over NVLink (`comm.collective_s`): two all-reduces of the
 pass's ``tokens x hidden`` activations a layer (attention and MLP outputs), one after the
 vocabulary-parallel embedding, and an all-gather of the last tokens' logits.
 """
@@ -43,6 +43,7 @@ from forecast.gpus import GPUSpec
 from forecast.kernels import ITEMSIZE_BYTES, Dtype
 from forecast.predict import LatencyModel
 from forecast.stream import stream_table
+from simulator.comm import collective_s
 from simulator.e2e import FITTED, Overheads, family_times_s, phase_time_s
 from simulator.errors import ConfigError
 from simulator.memory import GIB, estimate_memory
@@ -57,7 +58,7 @@ from simulator.opgraph import (
     on_gpu,
 )
 from simulator.stagecost import tp_shard
-from topologies import Cluster, collective_estimate
+from topologies import Cluster
 
 
 class ServeRequest(BaseModel):
@@ -118,9 +119,9 @@ def tp_comm_s(model: ModelSpec, run: Workload, tp: int, cluster: Cluster | None)
     ranks = range(tp)
     item = ITEMSIZE_BYTES[run.dtype]
     activations = float(run.tokens * model.hidden_size * item)
-    reduce_s = collective_estimate("all-reduce", activations, ranks, cluster).time_s
+    reduce_s = collective_s("all-reduce", activations, ranks, cluster)
     logits = float(run.logit_rows * model.vocab_size * item)
-    gather_s = collective_estimate("all-gather", logits, ranks, cluster).time_s
+    gather_s = collective_s("all-gather", logits, ranks, cluster)
     return (2 * model.total_layers + 1) * reduce_s + gather_s
 
 
