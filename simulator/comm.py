@@ -1,6 +1,9 @@
 """Communication of one step: what each collective moves, priced by `topologies`.
 
-Bytes per collective (nccl-tests size S; ``A = micro_batch * seq/cp * hidden * itemsize``):
+Bytes per collective (nccl-tests size S; ``A = micro_batch * seq/cp * hidden * itemsize``,
+the itemsize of the hidden states: bf16 under fp8 training, where TransformerEngine runs only
+the GEMMs in fp8 and Megatron's collectives move bf16 tensors, except the layer's
+sequence-parallel all-gathers, which TE quantizes first: ``A / 2``, `te_gather_bytes`):
 
 * TP, per layer and micro-batch (Megatron column/row split): forward 2 all-reduces of ``A``;
   backward 2 more. With sequence parallelism each all-reduce becomes an all-gather plus a
@@ -39,7 +42,7 @@ Bytes per collective (nccl-tests size S; ``A = micro_batch * seq/cp * hidden * i
   scatter/gather optimisation: each TP rank sends one slice, then the receiving TP group
   all-gathers ``A`` over its node fabric before the next stage can start; with sequence
   parallelism the activation is already split over TP and nothing is gathered).
-* DP over the dp x cp group: gradients (fp32 main grads for fp32/bf16, 16-bit for fp16/fp8):
+* DP over the dp x cp group: gradients (fp32 main grads for fp32/bf16/fp8, 16-bit for fp16):
   all-reduce, or reduce-scatter plus an all-gather of the updated 16-bit parameters when the
   optimizer is sharded (ZeRO-1/2, distributed optimizer); ZeRO-3 gathers parameters before
   every forward and backward and reduce-scatters gradients after every backward. Expert
@@ -54,7 +57,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from forecast.kernels import ITEMSIZE_BYTES
-from simulator.memory import grad_itemsize_bytes, param_itemsize_bytes
+from simulator.memory import (
+    activation_itemsize_bytes,
+    grad_itemsize_bytes,
+    param_itemsize_bytes,
+    te_fp8,
+)
 from simulator.parallel import Layout
 from simulator.scenario import SimInputs
 from simulator.stagecost import end_tensors
@@ -98,10 +106,25 @@ class LayerComm:
 
 
 def activation_bytes(inputs: SimInputs, layout: Layout) -> float:
-    """``A``: one micro-batch's hidden states on one CP rank."""
+    """``A``: one micro-batch's hidden states on one CP rank (bf16 under fp8 training:
+    `memory.activation_itemsize_bytes`)."""
     run = layout.run
     tokens = run.micro_batch_size * inputs.seq_len // run.cp
-    return float(tokens * inputs.model.hidden_size * ITEMSIZE_BYTES[inputs.dtype])
+    item = activation_itemsize_bytes(inputs.dtype, inputs.framework)
+    return float(tokens * inputs.model.hidden_size * item)
+
+
+def te_gather_bytes(inputs: SimInputs, layout: Layout) -> float:
+    """What one of a layer's sequence-parallel all-gathers moves: ``A``, or under fp8 training
+    ``A`` in fp8, as TransformerEngine quantizes before it gathers a column-parallel linear's
+    input (module/layernorm_linear.py, ``gather_along_first_dim`` of the fp8 ``ln_out``, in
+    the forward and again for the weight gradient) and a row-parallel linear's output gradient
+    (module/base.py, ``grad_output_preprocess``: ``gather_along_first_dim(..., quantizer=...)``),
+    without userbuffers too."""
+    a = activation_bytes(inputs, layout)
+    if not te_fp8(inputs.dtype, inputs.framework):
+        return a
+    return a * ITEMSIZE_BYTES[inputs.dtype] / activation_itemsize_bytes(inputs.dtype)
 
 
 def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
@@ -110,10 +133,12 @@ def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
     a = activation_bytes(inputs, layout)
     g = layout.tp_group
     sp = run.sequence_parallel
-    ag = collective_s("all-gather", a, g, cl)  # also the PP hop's gather without SP
+    ag = collective_s("all-gather", a, g, cl)  # Megatron's own: head, embedding, PP hop
+    # the layer's linears' gathers (TransformerEngine's; fp8 under fp8 training)
+    te_ag = collective_s("all-gather", te_gather_bytes(inputs, layout), g, cl) if sp else 0.0
     ar = 0.0 if sp else collective_s("all-reduce", a, g, cl)
     rs = collective_s("reduce-scatter", a, g, cl) if sp else 0.0
-    tp_one = ag + rs if sp else ar
+    tp_one = te_ag + rs if sp else ar
     moe = m.num_experts > 1  # every layer (`ModelSpec.moe_every` > 1 is Switch only)
     ka = a * m.experts_per_token  # the routed tokens an expert shard gathers
     if not moe:
@@ -124,14 +149,14 @@ def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
         tp_moe = collective_s("all-reduce", ka, g, cl)
     pairs = 1 if moe else 2  # linear pairs moving ``A``: attention (and a dense MLP)
     kv = 2 * run.micro_batch_size * inputs.seq_len * m.kv_heads * m.dhead / run.tp
-    kv_bytes = kv * ITEMSIZE_BYTES[inputs.dtype]
+    kv_bytes = kv * activation_itemsize_bytes(inputs.dtype, inputs.framework)  # bf16 under fp8
     # each TP rank dispatches its own s/tp tokens under sequence parallelism (Megatron-core's
     # all-to-all dispatcher: num_local_tokens = s/tp x b), its expert shard then gathering them
     a2a = a * m.experts_per_token / (run.tp if sp else 1)
     ep = 2 * collective_s("all-to-all", a2a, layout.ep_group, cl) if m.num_experts > 1 else 0.0
     return LayerComm(
         tp_fw_s=pairs * tp_one + tp_moe,
-        tp_bw_s=pairs * (tp_one + (ag if sp else 0.0)) + tp_moe,
+        tp_bw_s=pairs * (tp_one + te_ag) + tp_moe,
         tp_embed_fw_s=rs if sp else ar,
         tp_embed_bw_s=ag if sp else 0.0,
         tp_head_fw_s=ag if sp else 0.0,
@@ -145,7 +170,7 @@ def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
         )
         + (0.0 if sp or run.pp == 1 else ag),
         tp_ar_s=ar,
-        tp_ag_s=ag,
+        tp_ag_s=te_ag if sp else ag,
         tp_rs_s=rs,
         tp_moe_s=tp_moe,
         tp_pairs=pairs,

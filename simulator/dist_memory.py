@@ -1,7 +1,11 @@
 """Memory of one GPU in a distributed step: weights, gradients, optimizer state, activations.
 
 Per parameter (mixed precision, Megatron): 16-bit weights (2 B), fp32 main gradients (4 B;
-2 B in fp16), fp32 master weights and two Adam moments (12 B); fp32 training: 4 + 4 + 8 B.
+2 B in fp16), fp32 master weights and two Adam moments (12 B); fp32 training: 4 + 4 + 8 B;
+fp8 training is bf16's plus TransformerEngine's cached fp8 copy of each GEMM weight and of its
+transpose (2 B per GEMM weight element, `_fp8_weight_cache_bytes`). A GPU of a TP group holds
+``1/tp`` of the column- and row-parallel weights and the column-parallel biases, and the norms
+and row-parallel biases whole (`stagecost.dense_layer_params`).
 ZeRO-1 and the distributed optimizer divide the optimizer state by the dp x cp group, ZeRO-2
 also the gradients, ZeRO-3 also the weights, plus the gathered working set: ZeRO-3 gathers
 module by module (DeepSpeed, FSDP), so the stage's two largest modules are live in full (the one
@@ -18,7 +22,10 @@ no recompute ``s*b*h*(10 + 24/t + 5as/(ht))`` (``34/t`` with sequence parallelis
 ``5as/h`` score term vanishes with flash attention, `SimInputs.attention`, and its ``s`` is the
 whole sequence under cp: a rank's queries meet every key over the ring),
 selective recompute drops the score term, full recompute keeps only the layer input
-``2*s*b*h`` (``/t`` with SP) plus one layer's full set while it is recomputed. The number of
+``2*s*b*h`` (``/t`` with SP) plus one layer's full set while it is recomputed. Those are
+16-bit bytes; fp8 training (TransformerEngine) keeps everything in bf16 but for the fp8 copies
+the GEMMs save of their inputs: ``8 + 21/t`` for a GPT layer with flash attention
+(`memory.saved_bytes`). The number of
 micro-batches in flight comes from the stage's schedule (`schedules.in_flight`). The last
 stage also holds the loss's fp32 softmax (``4*s*b*v/t``) of each micro-batch in flight through
 its last chunk: one under 1F1B, all ``m`` under GPipe. A fixed reserve covers the CUDA context
@@ -31,14 +38,22 @@ from pydantic import BaseModel, ConfigDict
 
 from forecast.kernels import ITEMSIZE_BYTES
 from simulator.memory import (
+    activation_itemsize_bytes,
     grad_itemsize_bytes,
-    parallel_units,
     param_itemsize_bytes,
-    routed_units,
+    saved_bytes,
+    score_bytes,
+    te_fp8,
 )
 from simulator.parallel import Layout
 from simulator.scenario import SimInputs
-from simulator.stagecost import chunk_expert_params, end_tensors, moe_layer_params
+from simulator.stagecost import (
+    chunk_expert_params,
+    chunk_gemm_weights,
+    dense_layer_params,
+    end_tensors,
+    moe_layer_params,
+)
 
 RESERVED_BYTES = 2**30  # CUDA context, cuBLAS/NCCL workspaces (about 1 GiB)
 
@@ -62,21 +77,24 @@ class MemoryBreakdown(BaseModel):
 
 def layer_activation_bytes(inputs: SimInputs, layout: Layout, *, working: bool = False) -> float:
     """Bytes one layer keeps per micro-batch (``working``: as if not recomputed)."""
-    run, m = layout.run, inputs.model
+    run, m, dt, fw = layout.run, inputs.model, inputs.dtype, inputs.framework
     s, b, h, t = inputs.seq_len // run.cp, run.micro_batch_size, m.hidden_size, run.tp
-    par = parallel_units(m)  # attention's 8, the MLP's per expert of a token (MoE top-k)
-    routed = routed_units(m, inputs.framework)  # the experts' input: whole on every TP rank
+    flash = inputs.attention == "flash"
+    # replicated (norms' inputs, masks, QKV/fc1 inputs), split over TP (attention's, the MLP's
+    # per expert of a token), routed (the experts' input: whole on every TP rank), in bytes
+    saved = saved_bytes(m, fw, dt, flash=flash)
     # unfused scores: this rank's s = seq/cp queries against all seq keys (the cp ring steps'
     # blocks are all kept for the backward)
-    scores = 0.0 if inputs.attention == "flash" else 5.0 * m.num_heads * inputs.seq_len / (h * t)
+    scores = 0.0 if flash else score_bytes(m, inputs.seq_len, dt, fw) / t
     sp = run.sequence_parallel
     recompute = "none" if working else run.recompute
-    if recompute == "full":
-        units = 2.0 / t if sp else 2.0
+    if recompute == "full":  # the layer's input: the residual stream (bf16 under fp8)
+        per_token = activation_itemsize_bytes(dt, fw) / (t if sp else 1)
     else:
-        units = ((10.0 + par) / t if sp else 10.0 + par / t) + routed
-        units += scores if recompute == "none" else 0.0
-    return s * b * h * units * ITEMSIZE_BYTES[inputs.dtype] / 2.0
+        rep, par = saved.replicated, saved.parallel
+        per_token = ((rep + par) / t if sp else rep + par / t) + saved.routed
+        per_token += scores if recompute == "none" else 0.0
+    return s * b * h * per_token
 
 
 def _gathered_params(inputs: SimInputs, layout: Layout, stage: int) -> float:
@@ -85,7 +103,7 @@ def _gathered_params(inputs: SimInputs, layout: Layout, stage: int) -> float:
     m, run = inputs.model, layout.run
     if layout.dp * run.cp == 1:
         return 0.0
-    dense = m.layer_params(moe=False) / run.tp
+    dense = dense_layer_params(m, run)
     expert = moe_layer_params(m, run)
     chunks = layout.layers_per_stage[stage]
     units: list[float] = []
@@ -101,6 +119,19 @@ def _expert_params(inputs: SimInputs, layout: Layout, stage: int) -> float:
     """Expert parameters one GPU of ``stage`` holds (its ``num_experts / ep`` experts' share)."""
     m, run = inputs.model, layout.run
     return sum(chunk_expert_params(m, run, n) for n in layout.layers_per_stage[stage])
+
+
+def _fp8_weight_cache_bytes(inputs: SimInputs, layout: Layout, stage: int) -> float:
+    """TransformerEngine's fp8 copies of the GEMM weights one GPU of ``stage`` holds: each TE
+    linear casts its weight to fp8 and, for the backward's input-gradient GEMM (Hopper's fp8
+    GEMMs take TN layouts only), its transpose, 1 + 1 bytes an element, and caches both across
+    micro-batches (Megatron-core's TE wrappers pass ``is_first_microbatch`` unless
+    ``disable_parameter_transpose_cache``; TE's ``get_weight_workspace`` keeps them in
+    ``_fp8_workspaces``); under ZeRO-3 (FSDP) TE shards the cached copies as the weights."""
+    run = layout.run
+    parts = [chunk_gemm_weights(inputs.model, run, n) for n in layout.layers_per_stage[stage]]
+    gemm, expert = sum(p for p, _ in parts), sum(e for _, e in parts)
+    return 2.0 * (layout.sharded(gemm, expert) if run.zero_stage >= 3 else gemm)
 
 
 def stage_memory(
@@ -124,6 +155,8 @@ def stage_memory(
     if run.zero_stage >= 3:
         gathered = _gathered_params(inputs, layout, stage)
         weights = (sharded + gathered) * param_itemsize_bytes(inputs.dtype)
+    if te_fp8(inputs.dtype, inputs.framework):
+        weights += _fp8_weight_cache_bytes(inputs, layout, stage)
     layers_per_chunk = sum(chunks) / len(chunks)
     acts = in_flight * layers_per_chunk * layer_activation_bytes(inputs, layout)
     if run.recompute == "full":

@@ -5,12 +5,15 @@ workload's element size: one layer stores ``s*b*h*(34 + 5*a*s/h)`` bytes of acti
 16-bit (the ``5as/h`` attention-score term vanishes with flash attention, i.e. ``megatron``
 with ``attention = "flash"``;
 the MLP's 16 of the 34 scale with ffn / 4h, and are 24 for SwiGLU: `parallel_units`; a MoE
-layer adds the copies of each token it routes to its experts: `routed_units`);
-inference keeps two layers' worth alive. Adam keeps two fp32 moments per parameter, plus an
-fp32 master copy when training in a 16-bit type.
+layer adds the copies of each token it routes to its experts: `routed_units`); fp8 training
+under Megatron-LM (TransformerEngine) keeps bf16 activations but for the fp8 copies of the
+GEMMs' inputs (`saved_bytes`); inference keeps two layers' worth alive. Adam keeps two fp32
+moments per parameter, plus an fp32 master copy when training in a 16-bit type.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
@@ -36,20 +39,86 @@ class MemoryEstimate(BaseModel):
     fits: bool
 
 
-def parallel_units(model: ModelSpec) -> float:
-    """The tensor-parallel part of eq. 2's per-token activations of one layer (24 at ffn = 4h,
-    in 2-byte units of ``h``): attention's 8 (Q, K, V, the projection's input; with grouped-query
-    attention K and V are ``kv_heads / num_heads`` as wide: 4 + 4 kv / heads) and the MLP's
-    saved intermediates, ``2 * ffn / h`` each: GeLU's input and fc2's input (16 at ffn = 4h),
-    SwiGLU's gate, up and fc2's input (24 at ffn = 4h). A MoE layer keeps that MLP part once
-    per expert a token goes to (``experts_per_token``), averaged over the share of MoE layers."""
-    q = model.num_heads * model.dhead / model.hidden_size  # Q and the projection's input
-    kv = model.kv_heads * model.dhead / model.hidden_size  # K and V each
-    attention = 2.0 * (2.0 * q + 2.0 * kv)
-    saved = 3.0 if model.activation == "swiglu" else 2.0
-    mlp = saved * 2.0 * model.ffn_hidden_size / model.hidden_size
+def te_fp8(dtype: Dtype, framework: Framework) -> bool:
+    """fp8 training as Megatron-LM runs it, with TransformerEngine: fp8 GEMMs, all else bf16."""
+    return dtype is Dtype.FP8 and framework == "megatron"
+
+
+def activation_itemsize_bytes(dtype: Dtype, framework: Framework = "megatron") -> int:
+    """Bytes per element of the hidden states, attention and activation-function tensors:
+    bf16 under TransformerEngine's fp8 (it casts each GEMM's input to fp8 inside the GEMM's
+    module and returns bf16 outputs; its DotProductAttention runs in bf16 by default), else
+    the workload's element size (HF eager runs every op in it)."""
+    return 2 if te_fp8(dtype, framework) else ITEMSIZE_BYTES[dtype]
+
+
+@dataclass(frozen=True, slots=True)
+class SavedBytes:
+    """Bytes one layer keeps for its backward per token and hidden element (``s*b*h``):
+    ``replicated`` on every TP rank (``/ t`` with sequence parallelism), ``parallel`` split
+    over TP, ``routed`` (MoE experts' input) whole on every TP rank; the unfused attention's
+    scores come on top (`score_bytes`)."""
+
+    replicated: float
+    parallel: float
+    routed: float
+
+
+def saved_bytes(
+    model: ModelSpec, framework: Framework, dtype: Dtype, *, flash: bool = True
+) -> SavedBytes:
+    """Korthikanti et al. 2022, eq. 2, tensor by tensor, with ``x`` = the activations' element
+    size (`activation_itemsize_bytes`) and ``g`` = the element size a GEMM saves its input in
+    for its weight gradient (1 under TransformerEngine's fp8: ``_Linear`` / ``_LayerNormLinear``
+    save the fp8 cast of their input, transformer_engine/pytorch/module/linear.py and
+    layernorm_linear.py; else ``x``, the one tensor serving both):
+
+    * replicated: the two norms' inputs ``2x``, two dropout masks ``2 * x/2`` (1 byte each in
+      16-bit), the QKV and fc1 inputs ``2g``: 10 in 16-bit, 8 under fp8;
+    * parallel: Q ``xq``, K and V ``2x kv`` (``q``, ``kv``: their widths over ``h``), the
+      projection's input ``gq``, plus FlashAttention's own bf16 output ``xq`` where the
+      projection keeps a separate fp8 copy; the MLP's activation-function tensors, ``x f/h``
+      each: GeLU's input (1), Megatron's fused SwiGLU's gate and up (2; it recomputes SiLU in
+      backward), HF eager ``LlamaMLP``'s gate, SiLU(gate) and up (3: SiLU saves its input, the
+      multiply both of its inputs); and fc2's input ``g f/h``; a MoE layer keeps that MLP
+      part once per expert a token goes to, averaged over the share of MoE layers;
+    * routed (`routed_units`): the experts' first GEMM input, ``g`` per routed copy, and HF
+      eager's weighted expert outputs, ``x`` more.
+    """
+    x = activation_itemsize_bytes(dtype, framework)
+    g = ITEMSIZE_BYTES[dtype]
+    q = model.num_heads * model.dhead / model.hidden_size
+    kv = model.kv_heads * model.dhead / model.hidden_size
+    flash_out = x * q if flash and g != x else 0.0  # FlashAttention's saved bf16 output
+    attention = x * q + 2.0 * x * kv + g * q + flash_out
+    swiglu = 3.0 if framework == "hf-eager" else 2.0
+    act = swiglu if model.activation == "swiglu" else 1.0
+    mlp = (act * x + g) * model.ffn_hidden_size / model.hidden_size
     moe_share = model.moe_layers(model.num_layers) / model.num_layers
-    return attention + mlp * (1.0 + (model.experts_per_token - 1) * moe_share)
+    parallel = attention + mlp * (1.0 + (model.experts_per_token - 1) * moe_share)
+    copies = g + (x if framework == "hf-eager" else 0.0)
+    routed = copies * model.experts_per_token * moe_share
+    return SavedBytes(replicated=2.0 * x + x + 2.0 * g, parallel=parallel, routed=routed)
+
+
+def score_bytes(model: ModelSpec, seq: int, dtype: Dtype, framework: Framework) -> float:
+    """Unfused attention's scores per token and hidden element: softmax output, dropout mask
+    and dropout output, ``5as/h`` in 16-bit (``seq``: the keys a query meets), in the
+    activations' element size (bf16 under TransformerEngine's fp8)."""
+    x = activation_itemsize_bytes(dtype, framework)
+    return 5.0 * model.num_heads * seq / model.hidden_size * x / 2.0
+
+
+def parallel_units(model: ModelSpec, framework: Framework = "megatron") -> float:
+    """The tensor-parallel part of eq. 2's per-token activations of one layer in 16-bit (24 at
+    ffn = 4h, in 2-byte units of ``h``): attention's 8 (Q, K, V, the projection's input; with
+    grouped-query attention K and V are ``kv_heads / num_heads`` as wide: 4 + 4 kv / heads) and
+    the MLP's saved intermediates, ``2 * ffn / h`` each: GeLU's input and fc2's input (16 at
+    ffn = 4h), Megatron's SwiGLU's gate, up and fc2's input (24 at ffn = 4h), HF eager's
+    SwiGLU's gate, SiLU output, up and down_proj's input (32). A MoE layer keeps that MLP part
+    once per expert a token goes to (``experts_per_token``), averaged over the share of MoE
+    layers (`saved_bytes`)."""
+    return saved_bytes(model, framework, Dtype.BF16).parallel
 
 
 def routed_units(model: ModelSpec, framework: Framework = "megatron") -> float:
@@ -67,24 +136,24 @@ def routed_units(model: ModelSpec, framework: Framework = "megatron") -> float:
     without them: nothing more. Before that its ``unpermute`` multiplied and saved ``k x
     tokens x h / tp`` more (TransformerEngine PR 1468 moved the multiply "to avoid saving huge
     input tensor of unpermute function")."""
-    moe_share = model.moe_layers(model.num_layers) / model.num_layers
-    copies = 2.0 if framework == "hf-eager" else 1.0
-    return copies * 2.0 * model.experts_per_token * moe_share
+    return saved_bytes(model, framework, Dtype.BF16).routed
 
 
 def layer_activation_bytes(model: ModelSpec, run: Workload) -> float:
     """Activation bytes one layer keeps for its backward pass."""
-    s, b, h, a = run.seq, run.batch, model.hidden_size, model.num_heads
+    s, b, h = run.seq, run.batch, model.hidden_size
     flash = run.framework == "megatron" and run.attention == "flash"
-    scores = 0.0 if flash else 5.0 * a * s / h
-    per_token = 10.0 + parallel_units(model) + routed_units(model, run.framework) + scores
-    return s * b * h * per_token * ITEMSIZE_BYTES[run.dtype] / 2.0
+    saved = saved_bytes(model, run.framework, run.dtype, flash=flash)
+    scores = 0.0 if flash else score_bytes(model, s, run.dtype, run.framework)
+    return s * b * h * (saved.replicated + saved.parallel + saved.routed + scores)
 
 
 def grad_itemsize_bytes(dtype: Dtype) -> int:
-    """Bytes per gradient element in training (as reduced over DP): fp32 main gradients
-    for fp32 and bf16, 16-bit for fp16 and fp8."""
-    return 2 if dtype in (Dtype.FP16, Dtype.FP8) else 4
+    """Bytes per gradient element in training (as reduced over DP): fp32 main gradients for
+    fp32, bf16 and fp8, 16-bit for fp16. Megatron-LM trains fp8 on top of ``--bf16``, which
+    forces ``accumulate_allreduce_grads_in_fp32`` (megatron/training/arguments.py): its grad
+    buffer and DP reduction are fp32 (it counted fp8's as 16-bit)."""
+    return 2 if dtype is Dtype.FP16 else 4
 
 
 def param_itemsize_bytes(dtype: Dtype) -> int:
@@ -121,7 +190,9 @@ def step_memory(
 def estimate_memory(model: ModelSpec, run: Workload, gpu: GPUSpec) -> MemoryEstimate:
     """Weights, gradients, Adam state and activations of one training step or inference."""
     item = ITEMSIZE_BYTES[run.dtype]
-    logits = float(run.logit_rows * model.vocab_size * item)
+    # the output layer is no fp8 GEMM under TransformerEngine: bf16 logits
+    logit_item = activation_itemsize_bytes(run.dtype, run.framework)
+    logits = float(run.logit_rows * model.vocab_size * logit_item)
     train = run.mode == "train"
     if train:
         acts = model.total_layers * layer_activation_bytes(model, run) + 2.0 * logits

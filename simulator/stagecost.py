@@ -369,19 +369,52 @@ def chunk_expert_params(model: ModelSpec, run: RunConfig, layers: int) -> float:
     return model.moe_layers(layers) * expert_layer_params(model, run)
 
 
+def replicated_layer_params(model: ModelSpec, *, moe: bool) -> int:
+    """Parameters of one layer every TP rank holds whole: the norms' weights (and LayerNorm's
+    biases) and the row-parallel linears' biases (Megatron's RowParallelLinear adds its bias
+    after the reduction, unsplit; `ModelSpec.layer_param_tensors`): the projection's, and in
+    a dense layer fc2's."""
+    h = model.hidden_size
+    norms = 2 * (2 if model.norm == "layernorm" else 1) * h
+    return norms + ((1 if moe else 2) * h if model.bias else 0)
+
+
+def dense_layer_params(model: ModelSpec, run: RunConfig) -> float:
+    """Parameters one GPU holds of one dense layer: the column-parallel weights and biases and
+    the row-parallel weights over ``tp``, the norms and row-parallel biases whole (it divided
+    the whole layer by ``tp``)."""
+    whole = replicated_layer_params(model, moe=False)
+    return (model.layer_params(moe=False) - whole) / run.tp + whole
+
+
 def moe_layer_params(model: ModelSpec, run: RunConfig) -> float:
-    """Parameters one GPU holds of one MoE layer: the shared part over ``tp``, the router's
-    ``h x E`` weight whole (Megatron-core's TopKRouter does not split it over TP; its gradient
-    is all-reduced over TP, as `ModelSpec.layer_param_tensors` lists it), its experts."""
+    """Parameters one GPU holds of one MoE layer: the shared part (attention, norms) as a dense
+    layer holds it, the router's ``h x E`` weight whole (Megatron-core's TopKRouter does not
+    split it over TP; its gradient is all-reduced over TP, as `ModelSpec.layer_param_tensors`
+    lists it), its experts."""
     router = model.hidden_size * model.num_experts
     shared = model.layer_params(moe=True) - model.num_experts * expert_params(model) - router
-    return shared / run.tp + router + expert_layer_params(model, run)
+    whole = replicated_layer_params(model, moe=True)
+    return (shared - whole) / run.tp + whole + router + expert_layer_params(model, run)
+
+
+def chunk_gemm_weights(model: ModelSpec, run: RunConfig, layers: int) -> tuple[float, float]:
+    """Elements of the GEMM weights (QKV, projection, the MLP's; not the router, norms, biases
+    or the tables) one GPU holds for a chunk of ``layers`` layers, and how many of them are
+    expert weights: what TransformerEngine casts to fp8 (`dist_memory`)."""
+    h, qd, kvd = model.hidden_size, model.num_heads * model.dhead, model.kv_heads * model.dhead
+    mats = 3 if model.activation == "swiglu" else 2
+    attention = (h * (qd + 2 * kvd) + qd * h) / run.tp
+    mlp = mats * h * model.ffn_hidden_size / run.tp
+    moe = model.moe_layers(layers)
+    expert = moe * mlp * model.num_experts / run.ep
+    return layers * attention + (layers - moe) * mlp + expert, expert
 
 
 def chunk_params(model: ModelSpec, run: RunConfig, layers: int, *, first: bool, last: bool) -> int:
     """Parameters one GPU holds for a model chunk: its layers, plus embedding or head."""
     moe = model.moe_layers(layers)
-    total = (layers - moe) * model.layer_params(moe=False) / run.tp
+    total = (layers - moe) * dense_layer_params(model, run)
     total += moe * moe_layer_params(model, run) if moe else 0.0
     return int(total + sum(end_tensors(model, run, first=first, last=last)))
 

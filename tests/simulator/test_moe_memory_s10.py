@@ -136,7 +136,9 @@ def test_single_gpu_moe_layer_counts_the_routed_copies() -> None:
     """One GPU (`memory.layer_activation_bytes`): Megatron keeps the experts' input (2k); HF
     eager (MixtralSparseMoeBlock) also multiplies each expert's output by its routing weight and
     saves that output for the weight's gradient (another 2k), and its attention is unfused
-    (5as/h). They were 57 and 57 + 5as/h units."""
+    (5as/h); its eager experts (MixtralBlockSparseTop2MLP: w2(act_fn(w1(x)) * w3(x))) keep
+    one more ffn-wide tensor than Megatron's fused SwiGLU: SiLU's output, saved by the multiply
+    (8 ffn/h per expert, not 6). They were 57 and 57 + 5as/h units."""
     model = load_model("mixtral-8x7b")
     s, b = 1024, 2
     megatron = Workload(batch=b, seq=s, framework="megatron", dtype="bf16")
@@ -144,7 +146,8 @@ def test_single_gpu_moe_layer_counts_the_routed_copies() -> None:
     dense = 10 + ATTENTION + EXPERTS
     assert layer_activation_bytes(model, megatron) == pytest.approx(s * b * H * (dense + 2 * K))
     scores = 5 * 32 * s / H
-    assert layer_activation_bytes(model, hf) == pytest.approx(s * b * H * (dense + 4 * K + scores))
+    eager = dense + K * 2 * FFN / H  # SiLU(gate), k experts a token
+    assert layer_activation_bytes(model, hf) == pytest.approx(s * b * H * (eager + 4 * K + scores))
 
 
 def test_single_gpu_dense_layer_is_unchanged() -> None:
@@ -163,9 +166,9 @@ def test_router_weight_is_whole_on_every_tp_rank(tp: int, ep: int) -> None:
     It was divided by tp: 24,576 parameters short per layer on one GPU of tp 4."""
     model = load_model("mixtral-8x7b")
     attention = H * (H + 2 * 1024) + H * H  # QKV (GQA: K, V 1024 wide) and the projection
-    norms = 2 * H  # two RMSNorms (divided by tp as a dense layer's are)
+    norms = 2 * H  # two RMSNorms, whole on every TP rank (Megatron replicates them)
     expert = 3 * H * FFN  # gate, up, down
     assert expert_params(model) == expert
-    want = (attention + norms) / tp + H * E + E * expert / (tp * ep)
+    want = attention / tp + norms + H * E + E * expert / (tp * ep)
     run = RunConfig(tp=tp, ep=ep)
     assert moe_layer_params(model, run) == pytest.approx(want, rel=1e-15)
