@@ -23,8 +23,9 @@ Schema (node id -> attributes; every node has ``kind``, ``stage``, ``stream`` an
 * ``("D", stage, chunk, bucket)``: ``comm="dp"``, ``stream="dp"``; gradient all-reduce or
   reduce-scatter of one bucket of a chunk.
 * ``("G", stage, phase, chunk, micro)`` / ``("R", stage, chunk, micro)``: ZeRO-3 parameter
-  all-gather before each task (``stream="dp-gather"``, prefetched) and gradient
-  reduce-scatter after each backward (``stream="dp"``).
+  all-gather before each task and gradient reduce-scatter after each backward, on one
+  ``stream="dp"`` (they share the links): the next task's gather runs before this backward's
+  scatter (prefetched one task ahead, FSDP's backward prefetch).
 * ``("O", stage)``: ``kind="optimizer"``, ``stream="compute"``; the optimizer step.
 * ``("A", stage)``: ``comm="dp"``; all-gather of updated parameters (sharded optimizer).
 
@@ -282,20 +283,28 @@ def _add_pipeline_edges(g: nx.DiGraph, shape: Shape, ends: dict[Node, Ends]) -> 
 
 
 def _add_zero3(g: nx.DiGraph, s: int, order: Sequence[Slot], ends: dict[Node, Ends]) -> list[Node]:
-    gathers, scatters = [], []
-    for slot in order:
-        first, last = ends[(slot.phase, s, slot.chunk, slot.micro)]
-        node = ("G", s, slot.phase, slot.chunk, slot.micro)
-        _add_comm(g, node, s, "dp-gather", ("zero3_gather", s, slot.chunk))
-        g.add_edge(node, first, dep="data")
-        gathers.append(node)
+    """ZeRO-3's gathers and scatters of one stage, in the order its ``dp`` stream runs them:
+    the next task's gather before this backward's scatter (FSDP's backward prefetch). One
+    stream: they share the stage's links (on two streams each ran at the links' full speed)."""
+    stream: list[Node] = []
+    for k, slot in enumerate(order):
+        if k == 0:
+            stream.append(_zero3_gather(g, s, slot, ends))
+        if k + 1 < len(order):
+            stream.append(_zero3_gather(g, s, order[k + 1], ends))
         if slot.phase == "B":
             red = ("R", s, slot.chunk, slot.micro)
             _add_comm(g, red, s, "dp", ("zero3_scatter", s, slot.chunk))
-            g.add_edge(last, red, dep="data")
-            scatters.append(red)
-    _chain(g, gathers)
-    return scatters
+            g.add_edge(ends[("B", s, slot.chunk, slot.micro)][1], red, dep="data")
+            stream.append(red)
+    return stream
+
+
+def _zero3_gather(g: nx.DiGraph, s: int, slot: Slot, ends: dict[Node, Ends]) -> Node:
+    node = ("G", s, slot.phase, slot.chunk, slot.micro)
+    _add_comm(g, node, s, "dp", ("zero3_gather", s, slot.chunk))
+    g.add_edge(node, ends[(slot.phase, s, slot.chunk, slot.micro)][0], dep="data")
+    return node
 
 
 def _add_grad_sync(

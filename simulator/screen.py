@@ -9,12 +9,14 @@ embedding and head on the stages that hold them), ``m`` micro-batches and ``v`` 
     forward-backward = T * (m + (pp - 1) / v) + 2 * hops * hop_s
 
 i.e. the GPipe/1F1B bubble ``(p-1)/(m+p-1)`` (``/v`` interleaved), with ``hops`` the
-point-to-point transfers on the critical path (fill and drain, plus one round trip per
-micro-batch in 1F1B's steady state, one way on average). The DP gradient reduction
+point-to-point transfers on the critical path (`pipeline_hops`: fill and drain, plus 1F1B's
+steady-state round trips). GPipe runs all forwards, then all backwards: each phase paced by
+its own slowest stage (`_forward_backward_s`). The DP gradient reduction
 (expert gradients over their expert-data-parallel group, as `comm` prices them) of each stage
 hides, all but its last bucket, behind the last backward when it overlaps;
-the sharded optimizer's parameter all-gather and the optimizer step are added. ZeRO-3 pays its
-gathers and scatters unoverlapped (a pessimistic screen); ``deepspeed-2021`` ZeRO-3 blocks each
+the sharded optimizer's parameter all-gather and the optimizer step are added. ZeRO-3's
+gathers and scatters share one stream that hides under compute but for its first gather and
+last scatter, or sets the pace (`_with_zero3_s`); ``deepspeed-2021`` ZeRO-3 blocks each
 micro-batch on them (`comm.zero3_blocking_s`). Memory is `dist_memory`'s, with
 the schedule's in-flight micro-batches in closed form (`in_flight_closed`).
 
@@ -131,28 +133,97 @@ class Screened:
     memory: MemoryBreakdown
 
 
-def _stage_mb_s(cache: ScreenCache, layout: Layout) -> list[float]:
-    """Seconds of one micro-batch through every chunk of each stage."""
+def _stage_parts_s(cache: ScreenCache, layout: Layout) -> list[tuple[float, float]]:
+    """Seconds of one micro-batch's forward and backward through every chunk of each stage
+    (recompute and its collectives in the backward, as `stepcosts` prices them)."""
     run = layout.run
     bt, lc = cache.block(run), cache.layer(layout)
     full = run.recompute == "full"
     redo = {"none": 0.0, "selective": bt.attention_fw_s, "full": bt.layer_fw_s}[run.recompute]
-    layer = bt.layer_fw_s + bt.layer_bw_s + redo + lc.tp_fw_s + tp_bw_exposed_s(bt, lc, run)
-    layer += (lc.tp_fw_s + lc.ep_fw_s) if full else 0.0
-    layer += lc.ep_fw_s + lc.ep_bw_s
     cp_fw = max(0.0, lc.cp_fw_s - bt.attention_fw_s)  # again when the attention is recomputed
-    layer += cp_fw * (2 if run.recompute != "none" else 1)
-    layer += max(0.0, lc.cp_bw_s - bt.attention_bw_s)
+    fw = bt.layer_fw_s + lc.tp_fw_s + lc.ep_fw_s + cp_fw
+    bw = bt.layer_bw_s + redo + tp_bw_exposed_s(bt, lc, run) + lc.ep_bw_s
+    bw += (lc.tp_fw_s + lc.ep_fw_s) if full else 0.0
+    bw += cp_fw * (1 if run.recompute != "none" else 0)
+    bw += max(0.0, lc.cp_bw_s - bt.attention_bw_s)
     pp, v = run.pp, layout.chunks
     out = []
     for s in range(pp):
-        t = sum(layout.layers_per_stage[s]) * layer
+        n = sum(layout.layers_per_stage[s])
+        f, b = n * fw, n * bw
         if s == 0:
-            t += bt.embed_fw_s + bt.embed_bw_s + lc.tp_embed_fw_s + lc.tp_embed_bw_s
+            f += bt.embed_fw_s + lc.tp_embed_fw_s
+            b += bt.embed_bw_s + lc.tp_embed_bw_s
         if (pp * v - 1) % pp == s:
-            t += bt.head_fw_s + bt.head_bw_s + lc.tp_head_fw_s + lc.tp_head_bw_s
-        out.append(t)
+            f += bt.head_fw_s + lc.tp_head_fw_s
+            b += bt.head_bw_s + lc.tp_head_bw_s
+        out.append((f, b))
     return out
+
+
+def _stage_mb_s(cache: ScreenCache, layout: Layout) -> list[float]:
+    """Seconds of one micro-batch through every chunk of each stage."""
+    return [f + b for f, b in _stage_parts_s(cache, layout)]
+
+
+def pipeline_hops(schedule: str, pp: int, m: int, v: int) -> float:
+    """One-way sends on the critical path of a pipeline of equal stages whose sends take less
+    than a chunk's forward (fitted to nothing: the execution graph gives these exactly,
+    `tests/simulator/test_schedule_audit_s11.py`). GPipe and interleaved 1F1B: the fill and
+    the drain cross every boundary once, ``pp*v - 1`` each (interleaving's extra warm-up
+    forwards hide the steady state's sends). 1F1B: its steady state waits on the round trip
+    through all ``pp`` stages, ``2(pp-1)`` sends per ``pp`` micro-batches, ``(pp-1)m/pp +
+    pp - 2`` in all (exact where ``pp`` divides ``m``; ``pp - 1 + max(0, m - 2)`` below
+    ``m = pp``)."""
+    if pp == 1:
+        return 0.0
+    if schedule == "gpipe" or v > 1:
+        return float(pp * v - 1)
+    if m >= pp:
+        return (pp - 1) * m / pp + pp - 2
+    return float(pp - 1 + max(0, m - 2))
+
+
+def _forward_backward_s(schedule: str, parts: list[tuple[float, float]], m: int, v: int) -> float:
+    """Forward-backward span without sends, from each stage's forward and backward of one
+    micro-batch (``parts``). GPipe runs every forward, then every backward, each phase a flow
+    shop of ``m`` equal jobs (the sum of the stages' times plus ``m - 1`` of the slowest
+    stage's); 1F1B alternates, so its slowest stage's forward plus backward sets the pace,
+    ``T * (m + (pp - 1) / v)``."""
+    pp = len(parts)
+    if schedule == "gpipe":
+        fw, bw = [f for f, _ in parts], [b for _, b in parts]
+        return sum(fw) + sum(bw) + (m - 1) * (max(fw) + max(bw))
+    return max(f + b for f, b in parts) * (m + (pp - 1) / v)
+
+
+def _plus(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    return a[0] + b[0], a[1] + b[1]
+
+
+def _zero3_gather_scatter_s(
+    cache: ScreenCache, layout: Layout, params: tuple[float, float]
+) -> tuple[float, float]:
+    """One chunk's ZeRO-3 parameter all-gather and gradient reduce-scatter (of ``1 / chunks``
+    of the stage's ``params``, total and expert)."""
+    dtype, v = cache.inputs.dtype, layout.chunks
+    gather = cache.dp_both("all-gather", params, param_itemsize_bytes(dtype), v, layout)
+    scatter = cache.dp_both("reduce-scatter", params, grad_itemsize_bytes(dtype), v, layout)
+    return gather, scatter
+
+
+def _with_zero3_s(
+    cache: ScreenCache, layout: Layout, params: list[tuple[float, float]], fb: float
+) -> float:
+    """The forward-backward span ``fb`` with ZeRO-3 (``fsdp``): its stream gathers before
+    each forward and backward of every chunk and reduce-scatters after each backward, one
+    stream sharing the links (as in the execution graph); it hides under compute but for the
+    first gather and the last scatter, or sets the pace when it is the busier."""
+    if layout.run.zero_stage < 3 or layout.run.zero3_blocks:
+        return fb
+    ends = [_zero3_gather_scatter_s(cache, layout, p) for p in params]
+    stream = layout.num_micro_batches * layout.chunks * max(2 * g + r for g, r in ends)
+    return max(fb + max(g + r for g, r in ends), stream)
 
 
 def _dp_s(
@@ -166,9 +237,7 @@ def _dp_s(
     if run.zero3_blocks:
         return 0.0  # on the compute stream: `_zero3_blocking_s`
     if run.zero_stage >= 3:
-        gather = cache.dp_both("all-gather", params, pb, layout.chunks, layout)
-        scatter = cache.dp_both("reduce-scatter", params, gb, layout.chunks, layout)
-        return layout.num_micro_batches * layout.chunks * (2 * gather + scatter)
+        return 0.0  # in the forward-backward span: `_with_zero3_s`
     op = "reduce-scatter" if run.shards_optimizer else "all-reduce"
     n = layout.chunks * grad_buckets(layout)  # as `comm.grad_sync_s`, over every chunk
     grad = n * cache.dp_both(op, params, gb, n, layout)
@@ -180,18 +249,20 @@ def _dp_s(
     return exposed
 
 
-def _zero3_blocking_s(cache: ScreenCache, layout: Layout, s: int) -> float:
-    """Blocking ZeRO-3 collectives (deepspeed-2021) of one micro-batch through stage ``s``."""
+def _zero3_blocking_s(cache: ScreenCache, layout: Layout, s: int) -> tuple[float, float]:
+    """Blocking ZeRO-3 collectives (deepspeed-2021) of one micro-batch's forward and backward
+    through stage ``s``."""
     r = layout.run
     memo = cache.zero3.setdefault((r.tp, r.cp, r.ep, layout.dp), {})  # per DP group
     pp, v = r.pp, layout.chunks
-    total = 0.0
+    fw_s = bw_s = 0.0
     for c, layers in enumerate(layout.layers_per_stage[s]):
         vs = c * pp + s
         first, last = vs == 0, vs == pp * v - 1
         fw, bw = zero3_blocking_s(cache.inputs, layout, layers, first=first, last=last, memo=memo)
-        total += fw + bw
-    return total
+        fw_s += fw
+        bw_s += bw
+    return fw_s, bw_s
 
 
 def _memory(cache: ScreenCache, layout: Layout, params: list[float]) -> MemoryBreakdown:
@@ -216,19 +287,17 @@ def screen(cache: ScreenCache, run: RunConfig) -> Screened:
     inputs = cache.inputs
     layout = layout_of(inputs, run)
     lc = cache.layer(layout)
-    per_mb = _stage_mb_s(cache, layout)
+    parts = _stage_parts_s(cache, layout)
     m, v, pp = layout.num_micro_batches, layout.chunks, run.pp
-    if run.zero3_blocks:
-        per_mb = [t + _zero3_blocking_s(cache, layout, s) for s, t in enumerate(per_mb)]
-    if run.pp_blocking_sends and pp > 1:  # each chunk's forward and backward wait on a send
-        per_mb = [t + 2 * v * lc.pp_hop_s for t in per_mb]
-    # Hops: the fill and drain cross every boundary; 1F1B's steady state waits one round
-    # way per micro-batch when compute is short (GPipe streams its forwards).
-    hops = pp * v - 1 + ((m - 1) / 2 if pp > 1 and run.schedule != "gpipe" else 0)
-    fb = max(per_mb) * (m + (pp - 1) / v) + 2 * hops * lc.pp_hop_s
     params = cache.stage_params(layout)
+    if run.zero3_blocks:
+        parts = [_plus(fb, _zero3_blocking_s(cache, layout, s)) for s, fb in enumerate(parts)]
+    if run.pp_blocking_sends and pp > 1:  # each chunk's forward and backward wait on a send
+        parts = [_plus(fb, (v * lc.pp_hop_s, v * lc.pp_hop_s)) for fb in parts]
+    fb = _with_zero3_s(cache, layout, params, _forward_backward_s(run.schedule, parts, m, v))
+    fb += 2 * pipeline_hops(run.schedule, pp, m, v) * lc.pp_hop_s
     adam = cache.block(run).adam_s_per_param
-    last_bw = 2.0 / 3.0 * min(per_mb) / v
+    last_bw = min(b for _, b in parts) / v
     tail = max(
         _dp_s(cache, layout, p, last_bw) + optimizer_params(*p, layout) * adam for p in set(params)
     )
