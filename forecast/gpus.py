@@ -17,11 +17,16 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from forecast.kernels import Dtype
 
 CATALOG_DIR = Path(__file__).parent / "data" / "gpus"
+
+# numbers must be numbers: pydantic's lax mode read num_sms = "132" as 132 and a rate of
+# true as 1.0 (an H100 of 1 byte/s); strict ints refuse floats too (num_sms = 132.5)
+_Int = Annotated[int, Strict()]
+_Float = Annotated[float, Strict()]
 
 
 class GPUError(ValueError):
@@ -41,28 +46,28 @@ class GPUSpec(BaseModel):
     vendor: str
     architecture: str
     compute_capability: str = Field(description="NVIDIA sm version ('8.0') or AMD ISA ('gfx90a')")
-    process_nm: float | None = Field(
+    process_nm: _Float | None = Field(
         default=None, gt=0, description="process node of the GPU die, nm class (TSMC 4N: 5)"
     )
-    num_sms: int = Field(gt=0, description="SMs (NVIDIA) or compute units (AMD)")
-    fp32_lanes_per_sm: int = Field(gt=0, description="FP32 FMA lanes per SM or CU")
-    fp32_dedicated_lanes_per_sm: int = Field(
+    num_sms: _Int = Field(gt=0, description="SMs (NVIDIA) or compute units (AMD)")
+    fp32_lanes_per_sm: _Int = Field(gt=0, description="FP32 FMA lanes per SM or CU")
+    fp32_dedicated_lanes_per_sm: _Int = Field(
         gt=0,
         description="FP32 lanes not shared with INT32 (GA10x/AD10x: 64 of 128); = lanes elsewhere",
     )
-    boost_clock_hz: float = Field(gt=0)
-    base_clock_hz: float | None = Field(default=None, gt=0)
-    tdp_w: float | None = Field(default=None, gt=0)
+    boost_clock_hz: _Float = Field(gt=0)
+    base_clock_hz: _Float | None = Field(default=None, gt=0)
+    tdp_w: _Float | None = Field(default=None, gt=0)
     memory_type: str = Field(default="unknown", description="DRAM technology: HBM2e, GDDR6, ...")
-    hbm_bytes: float = Field(gt=0)
-    hbm_bw_bytes_per_s: float = Field(gt=0)
-    l2_bytes: float = Field(gt=0)
-    smem_bytes_per_sm: float | None = Field(default=None, gt=0)
-    regs_bytes_per_sm: float | None = Field(default=None, gt=0)
-    peak_flops_per_s: dict[Dtype, Annotated[float, Field(gt=0)]] = Field(
+    hbm_bytes: _Float = Field(gt=0)
+    hbm_bw_bytes_per_s: _Float = Field(gt=0)
+    l2_bytes: _Float = Field(gt=0)
+    smem_bytes_per_sm: _Float | None = Field(default=None, gt=0)
+    regs_bytes_per_sm: _Float | None = Field(default=None, gt=0)
+    peak_flops_per_s: dict[Dtype, Annotated[float, Strict(), Field(gt=0)]] = Field(
         description="dense peak per dtype: fp32 = CUDA-core/vector rate, others = tensor/matrix"
     )
-    fp32_matrix_flops_per_s: float | None = Field(
+    fp32_matrix_flops_per_s: _Float | None = Field(
         default=None, gt=0, description="AMD 'Matrix FP32' (MFMA) peak, used by FP32 GEMMs"
     )
     neusight_names: tuple[str, ...] = ()
@@ -98,7 +103,22 @@ def _first_error(e: ValidationError) -> str:
     loc = ".".join(str(x) for x in first["loc"] if x != "[key]")  # a bad dict key: its name
     if first["type"] in ("finite_number", "greater_than"):
         return f"field {loc!r} must be a positive finite number, got {first['input']!r}"
+    if first["type"] in ("int_type", "float_type"):
+        return f"field {loc!r} {_not_a_number(first['type'], first['input'])}"
     return f"field {loc!r}: {first['msg']}"
+
+
+def _not_a_number(kind: str, value: object) -> str:
+    """Why a strict number field refused ``value`` (pydantic's int_type or float_type), and
+    the fix, as TOML spells the value: "132" is a string, true a boolean."""
+    want = "a positive whole number" if kind == "int_type" else "a positive number"
+    if isinstance(value, bool):
+        return f"must be {want}, got {json.dumps(value)}; write a number, not true or false"
+    if isinstance(value, str):
+        return f"must be {want}, got {json.dumps(value)}; write the number bare (no quotes)"
+    if isinstance(value, float) and value.is_integer():
+        return f"must be {want}, got {value!r}; write {int(value)}"
+    return f"must be {want}, got {value!r}"
 
 
 def _from_toml(path: Path) -> GPUSpec:

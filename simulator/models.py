@@ -287,7 +287,8 @@ def load_model(name_or_path: str | Path, *, data_dir: Path | None = None) -> Mod
     if path.suffix == "" and named.is_file():
         return from_hf_config(_read_json(named), text, str(named))
     if path.suffix in {".toml", ".json"}:
-        raise ConfigError(f"model file {path} does not exist")
+        what = "is a folder; give the file" if path.is_dir() else "does not exist"
+        raise ConfigError(f"model file {path} {what}")
     raise ConfigError(
         f"unknown model {text!r}: use a catalog id ({', '.join(list_models())}), a NeuSight "
         f"model name (a file in {models_dir}), or a path to a .toml or HF config .json"

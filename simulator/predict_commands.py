@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -20,7 +21,7 @@ from simulator.e2e import E2EResult, predict_run
 from simulator.e2e_tables import E2E_MARKERS, e2e_runs, e2e_tables
 from simulator.errors import ConfigError, path_arg
 from simulator.latency import DeratedRoofline, latency_model_for
-from simulator.models import DEFAULT_DATA_DIR, load_model
+from simulator.models import DEFAULT_DATA_DIR, list_models, load_model
 from simulator.opgraph import Workload
 
 
@@ -44,7 +45,7 @@ def add_predict_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
         help="auto (tile-mlp for fp32, tensor-core model otherwise) | tile-mlp | roofline | "
         "roofline-derated (the roofline at sustained rates, as in scenarios)",
     )
-    p.add_argument("--data", type=path_arg, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
+    p.add_argument("--data", type=path_arg, default=None, help=DATA_HELP)
     p.add_argument("--json", action="store_true", help="print JSON (one object per run)")
     p.set_defaults(handler=_predict)
     v = sub.add_parser("validate", help="validation against measurements")
@@ -71,6 +72,30 @@ def add_predict_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
 
 
 RUN_KEYS = ("model", "gpu", "batch", "seq", "mode", "framework", "dtype")
+
+DATA_HELP = (
+    f"NeuSight data folder whose models/NAME.json a NeuSight model name reads (default: "
+    f"{DEFAULT_DATA_DIR}); GPUs come from the catalog or a --gpu file"
+)
+
+
+def reads_data(model: object) -> bool:
+    """Whether ``--model`` names a NeuSight model, the one thing read from ``--data`` (its
+    models/NAME.json): no file suffix, not a catalog id."""
+    return isinstance(model, str) and Path(model).suffix == "" and model not in list_models()
+
+
+def check_data_read(data: Path | None, model: object, why: str = "") -> None:
+    """Refuse a ``--data`` that nothing would read (``why``: the reason no model reads it, for
+    ``--module`` or ``--runs``): a GPU, even a NeuSight device name, comes from the catalog, so
+    a folder of the user's device sheets, or one that does not exist, was ignored unsaid."""
+    if data is None or reads_data(model):
+        return
+    why = why or f"--model {model} is not one"
+    raise ConfigError(
+        f"--data {data}: only a NeuSight model name is read from it (DATA/models/NAME.json) "
+        f"and {why}; a GPU comes from the catalog or a --gpu .toml/.json file: leave out --data"
+    )
 
 
 # how to fix a missing or bad flag of one run (--runs lines name the JSON key instead)
@@ -133,6 +158,7 @@ def _predict_module(args: argparse.Namespace) -> int:
     missing = [f"--{k}" for k in ("gpu", "batch", "seq", "mode") if getattr(args, k) is None]
     if missing:
         raise ConfigError(f"--module needs {', '.join(missing)}")
+    check_data_read(args.data, None, "--module traces its own model")
     run = _workload({"batch": args.batch, "seq": args.seq, "mode": args.mode}, flags=True)
     gpu = load_gpu(str(args.gpu))
     res, unmapped = predict_module(args.module, gpu, run, latency_model(args.latency_model))
@@ -158,6 +184,8 @@ def _run_one(
     missing = [k for k in RUN_KEYS[:5] if spec.get(k) is None]
     if flags and missing:
         raise ConfigError("; ".join(f"--{k}: required ({FLAG_FIX[k]})" for k in missing))
+    if flags:
+        check_data_read(args.data, str(spec["model"]))
     if unknown or missing:
         bad = f"unknown keys {sorted(unknown)}" if unknown else f"missing {', '.join(missing)}"
         raise ConfigError(f"run {bad}; keys: {', '.join(RUN_KEYS)}")
@@ -213,6 +241,8 @@ def _predict_runs(args: argparse.Namespace) -> int:
         raise ConfigError(f"--runs {args.runs}: no runs in it; give one JSON object per line")
     if not any(_utf8(line) for line in raw if line.strip()):  # not a text file at all
         raise ConfigError(f"--runs {args.runs}: cannot read it as UTF-8 JSONL (no line is UTF-8)")
+    if not any(reads_data(_model_of(line)) for line in raw):
+        check_data_read(args.data, None, "no line of --runs names one")
     latency = latency_model(args.latency_model)  # a bad --latency-model: once, exit 2
     failed: list[int] = []
     for i, line in enumerate(raw, 1):
@@ -229,6 +259,15 @@ def _predict_runs(args: argparse.Namespace) -> int:
         print(f"tilesim: {len(failed)} of {runs} runs failed: line {named}", file=sys.stderr)
         return 1
     return 0
+
+
+def _model_of(line: bytes) -> object:
+    """A ``--runs`` line's ``model`` value, or None where the line has none to read."""
+    try:
+        spec = json.loads(line.decode("utf-8"))
+    except ValueError:  # not JSON, or not UTF-8: that line's own error, later
+        return None
+    return spec.get("model") if isinstance(spec, dict) else None
 
 
 def _utf8(line: bytes) -> bool:

@@ -11,8 +11,8 @@ from pydantic import ValidationError
 from forecast.gpus import GPUSpec, load_gpu
 from simulator.errors import ConfigError, path_arg
 from simulator.figures import figure_path
-from simulator.models import DEFAULT_DATA_DIR, load_model
-from simulator.predict_commands import PREDICT_LATENCY, latency_model
+from simulator.models import load_model
+from simulator.predict_commands import DATA_HELP, PREDICT_LATENCY, check_data_read, latency_model
 from simulator.serve import (
     ServeRequest,
     ServeResult,
@@ -59,7 +59,7 @@ def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help=f"{' | '.join(PREDICT_LATENCY)} (auto: the tensor-core model for 16/8-bit "
         "kernels, tile-mlp for fp32)",
     )
-    p.add_argument("--data", type=path_arg, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
+    p.add_argument("--data", type=path_arg, default=None, help=DATA_HELP)
     p.add_argument(
         "--plot",
         type=path_arg,
@@ -85,6 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
     latency = latency_model(args.latency_model)
     if args.plot is not None:
         figure_path(args.plot, "--plot")  # before any work
+    check_data_read(args.data, args.model)
     model = load_model(str(args.model), data_dir=args.data)
     gpu, cluster = _hardware(args, req)
     curve = forecast_passes(model, gpu, req, latency, cluster=cluster)

@@ -24,7 +24,7 @@ from simulator.errors import ConfigError, cannot_write_in, path_arg
 from simulator.models import DEFAULT_DATA_DIR
 from simulator.scenario import TrainingSection, check_tokens, load_scenario, resolve
 from simulator.simulate import latency_table, layout_of, simulate_timeline
-from simulator.space import find_scenario
+from simulator.space import check_sweep, find_scenario
 from simulator.trace import write_trace
 
 
@@ -69,6 +69,7 @@ DIST_END = "<!-- dist-validation:end -->"
 
 def _simulate(args: argparse.Namespace) -> int:
     scenario = load_scenario(find_scenario(str(args.scenario)), overrides=tuple(args.overrides))
+    check_sweep(scenario)  # the file's [sweep], as `tilesim sweep` checks it
     inputs = resolve(scenario)
     layout_of(inputs, scenario.run)  # a layout the model cannot take: named before any work
     check_tokens(inputs.seq_len, scenario.run)

@@ -321,13 +321,25 @@ def _cheap_ok(p: dict[str, Any], inputs: SimInputs) -> bool:
     )
 
 
-def enumerate_space(scenario: Scenario) -> Space:
-    """Every valid, distinct layout of every context; invalid ones are only counted."""
+def _checked(scenario: Scenario) -> tuple[list[list[Any]], list[Context], float | None]:
+    """The ``[sweep]`` table validated: the values of each run key, the cluster contexts and
+    the token budget, or a `ConfigError` naming the first bad key."""
     unknown = set(scenario.sweep) - SWEEP_KEYS
     if unknown:
         raise ConfigError(f"sweep: unknown keys {sorted(unknown)}; use {sorted(SWEEP_KEYS)}")
     grid = [_values(scenario, k) for k in RUN_KEYS]
-    contexts = _contexts(scenario)
+    return grid, _contexts(scenario), _train_tokens(scenario)
+
+
+def check_sweep(scenario: Scenario) -> None:
+    """Refuse a ``[sweep]`` table the sweep would refuse (`tilesim simulate` runs ``[run]``
+    alone, and let a misspelt or mistyped sweep key pass until a sweep met it)."""
+    _checked(scenario)
+
+
+def enumerate_space(scenario: Scenario) -> Space:
+    """Every valid, distinct layout of every context; invalid ones are only counted."""
+    grid, contexts, train_tokens = _checked(scenario)
     points: list[Point] = []
     why: Counter[str] = Counter()
     example: dict[str, str] = {
@@ -359,7 +371,7 @@ def enumerate_space(scenario: Scenario) -> Space:
     return Space(
         contexts=tuple(contexts),
         points=tuple(sorted(points, key=_sort_key)),
-        train_tokens=_train_tokens(scenario),
+        train_tokens=train_tokens,
         pruned_by=tuple(
             (rule, n, example[rule])
             for rule, n in sorted(why.items(), key=lambda kv: (-kv[1], kv[0]))

@@ -137,19 +137,46 @@ def check_address(address: str) -> None:
         )
 
 
+# a client's opening of an HTTP/2 connection and an empty SETTINGS frame (RFC 9113 3.4, 6.5)
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail fast on a ``HOST:PORT`` where nothing listens: ``ray.init`` would retry it for
-    minutes. ``auto`` and ``ray://`` addresses are left to Ray."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or "://" in address:
+    """Fail fast on a ``HOST:PORT`` (or ``ray://HOST[:PORT]``) where no Ray listens:
+    ``ray.init`` retried a closed port for minutes, and a port where something else listens
+    (a web server) for two minutes of warnings. A Ray head (its GCS) and a Ray client server
+    speak gRPC, so HTTP/2: each answers a client's preface with a SETTINGS frame. Under TLS
+    (``RAY_USE_TLS``) the probe is left to Ray; ``auto`` too."""
+    client = address.startswith("ray://")
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if client and not sep:
+        host, sep, port = address.removeprefix("ray://"), ":", "10001"
+    if not sep or not port.isdigit() or "://" in address.removeprefix("ray://"):
         return
+    what = "ray://HOST:PORT of a Ray client server" if client else "HOST:PORT of a Ray head"
+    fix = f"give the {what} (`ray start --head` prints it) or leave out --address for a local Ray"
     try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        conn = socket.create_connection((host, int(port)), timeout=timeout_s)
     except OSError as e:
+        raise ConfigError(f"--address {address}: cannot connect ({e}); {fix}") from None
+    head = b""
+    with conn:
+        if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+            return
+        try:
+            conn.sendall(H2_PREFACE)
+            while len(head) < 9:  # a frame header: length (3), type (1), flags, stream id
+                chunk = conn.recv(9 - len(head))
+                if not chunk:
+                    break
+                head += chunk
+        except OSError:  # reset, or silent past the timeout: judged on what came back
+            pass
+    if len(head) < 9 or head[3] != 4:  # type 4: SETTINGS
         raise ConfigError(
-            f"--address {address}: cannot connect ({e}); give the HOST:PORT of a running Ray "
-            "head (`ray start --head` prints it) or leave out --address for a local Ray"
-        ) from None
+            f"--address {address}: something listens there but it is not Ray (no gRPC "
+            f"answer within {timeout_s:g} s); {fix}"
+        )
 
 
 _WORKER_SHARED: dict[str, Shared] = {}

@@ -8,6 +8,7 @@ own compute NICs.
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import tomllib
 from functools import cache
@@ -30,7 +31,7 @@ def _load(path: Path, model: type[_M]) -> _M:
     try:
         with path.open("rb") as f:
             raw = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as e:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise TopologyError(f"cannot read {path}: {e}") from e
     raw.setdefault("id", path.stem)
     try:
@@ -49,7 +50,18 @@ def _complaint(e: ValidationError, model: type[BaseModel]) -> str:
         hint = f"did you mean {near[0]!r}?" if near else "remove it"
         return f"field {key!r} is not a {model.__name__} field; {hint}"
     first = e.errors()[0]
-    return f"field {'.'.join(str(x) for x in first['loc'])!r}: {first['msg']}"
+    loc = ".".join(str(x) for x in first["loc"])
+    if first["type"] in ("int_type", "float_type"):
+        want = "a whole number" if first["type"] == "int_type" else "a number"
+        value = first["input"]
+        if isinstance(value, bool):
+            return f"field {loc!r} must be {want}, got {json.dumps(value)}; write a number"
+        if isinstance(value, str):
+            return f"field {loc!r} must be {want}, got {json.dumps(value)}; drop the quotes"
+        return f"field {loc!r} must be {want}, got {value!r}"
+    if first["type"] == "missing":
+        return f"field {loc!r} is missing; add it"
+    return f"field {loc!r}: {first['msg']}"
 
 
 def _ids(folder: Path) -> list[str]:

@@ -8,12 +8,16 @@ that carries it.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, Strict
 
 Fabric = Literal["nvswitch", "mesh", "pcie"]
 TierKind = Literal["intra", "inter"]
+# a file's numbers must be numbers: pydantic's lax mode read gpus_per_node = "8" as 8 and an
+# efficiency of true as 1.0; strict ints refuse floats too (gpus_per_node = 8.5)
+_Int = Annotated[int, Strict()]
+_Float = Annotated[float, Strict()]
 
 
 class TopologyError(ValueError):
@@ -29,9 +33,9 @@ class LinkTier(_Frozen):
     """One class of link a GPU uses: NVLink into a switch, a PCIe switch, or a NIC port."""
 
     name: str
-    bw_bytes_per_s_per_dir: float = Field(gt=0, description="line rate, one direction")
-    latency_s: float = Field(ge=0, description="per algorithm step, Simple protocol")
-    efficiency: float = Field(gt=0, le=1, description="achieved ring busbw / line rate")
+    bw_bytes_per_s_per_dir: _Float = Field(gt=0, description="line rate, one direction")
+    latency_s: _Float = Field(ge=0, description="per algorithm step, Simple protocol")
+    efficiency: _Float = Field(gt=0, le=1, description="achieved ring busbw / line rate")
 
     @property
     def effective_bw_bytes_per_s(self) -> float:
@@ -42,8 +46,8 @@ class LinkTier(_Frozen):
 class NVLSSpec(_Frozen):
     """NVLink SHARP (in-switch reduction and multicast) on NVSwitch gen3+ fabrics."""
 
-    latency_s: float = Field(ge=0, description="one switch round trip")
-    efficiency: float = Field(gt=0, le=1, description="achieved algbw / per-GPU line rate")
+    latency_s: _Float = Field(ge=0, description="one switch round trip")
+    efficiency: _Float = Field(gt=0, le=1, description="achieved algbw / per-GPU line rate")
 
 
 class ServerSpec(_Frozen):
@@ -52,18 +56,18 @@ class ServerSpec(_Frozen):
     id: str
     name: str
     gpu: str = Field(description="gpu id as in shared/data/hardware/gpus.json")
-    gpus_per_node: int = Field(gt=0)
+    gpus_per_node: _Int = Field(gt=0)
     fabric: Fabric
-    links_per_gpu: int = Field(gt=0, description="NVLink/xGMI links (1 for PCIe)")
-    mesh_edges: tuple[tuple[int, int], ...] | None = Field(
+    links_per_gpu: _Int = Field(gt=0, description="NVLink/xGMI links (1 for PCIe)")
+    mesh_edges: tuple[tuple[_Int, _Int], ...] | None = Field(
         default=None, description="GPU pairs joined on a mesh fabric; None = every pair"
     )
-    launch_latency_s: float = Field(ge=0, description="fixed cost of one collective call")
+    launch_latency_s: _Float = Field(ge=0, description="fixed cost of one collective call")
     intra: LinkTier = Field(description="per-GPU bandwidth a ring can use inside the node")
     nvls: NVLSSpec | None = None
-    nics_per_node: int = Field(ge=0)
+    nics_per_node: _Int = Field(ge=0)
     default_network: str | None = Field(description="network id of the compute NICs")
-    max_nodes: int = Field(gt=0, description="largest vetted scale-out fabric for this server")
+    max_nodes: _Int = Field(gt=0, description="largest vetted scale-out fabric for this server")
     sources: tuple[str, ...] = ()
 
 
