@@ -13,7 +13,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.axis import Axis
 from matplotlib.text import Annotation
+from matplotlib.ticker import FuncFormatter
 from matplotlib.transforms import offset_copy
 
 from simulator.figures import place_labels, save_figure
@@ -50,6 +52,12 @@ def time_unit(seconds: float) -> tuple[str, float]:
         if seconds * scale >= 1:
             return unit, scale
     return "us", 1e6
+
+
+def _whole_numbers(axis: Axis) -> None:
+    """Tick labels as whole numbers with thousands separators: tokens/s axes read 0.8 ... 1.6
+    under a lone "1e7" in the corner, or 900000 without separators."""
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
 
 
 def _ranked_amount(r: Row, by: str) -> str:
@@ -125,6 +133,7 @@ def plot_pareto(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path:
     ax.plot([], [], color="k", lw=1.2, label="Pareto front of each (its color)")
     ax.set_xlabel("peak memory per GPU, GiB")
     ax.set_ylabel("tokens/s")
+    _whole_numbers(ax.yaxis)
     ax.set_title("Throughput vs memory (faint: screened in closed form; ringed: simulated)")
     ax.legend(fontsize=8)
     return save_figure(fig, path)
@@ -144,8 +153,9 @@ def plot_scaling(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path
         mine = sorted((r for r in best if r["option"] == option), key=lambda r: r["num_gpus"])
         xs = [r["num_gpus"] for r in mine]
         (line,) = ax.plot(xs, [r["tokens_per_s"] for r in mine], marker="o", label=option)
-        ideal = [mine[0]["tokens_per_s"] * x / xs[0] for x in xs]
-        ax.plot(xs, ideal, ls="--", lw=0.8, color=line.get_color(), label=f"{option}: linear")
+        if len(xs) > 1:  # one size: a legend entry for a line of one point, not drawn
+            ideal = [mine[0]["tokens_per_s"] * x / xs[0] for x in xs]
+            ax.plot(xs, ideal, ls="--", lw=0.8, color=line.get_color(), label=f"{option}: linear")
         for r in mine:
             # the report tables' MFU text (a whole percent read 50% beside the table's 50.3%)
             mfu = ax.annotate(
@@ -161,6 +171,7 @@ def plot_scaling(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path
     ax.set_xticks(sizes, [str(n) for n in sizes])
     ax.set_xlabel("GPUs")
     ax.set_ylabel("best tokens/s")
+    _whole_numbers(ax.yaxis)
     ax.set_title("Scaling: best layout at each cluster size")
     ax.legend(fontsize=8)
     place_labels(fig, labels)  # the largest size's labels ran past the axes' right edge
@@ -210,17 +221,19 @@ def plot_procurement(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> 
         unit, scale = _unit(raw, units)
         values = [None if v is None else v * scale for v in raw]
         bars = ax.barh(labels, [v or 0.0 for v in values], color=color)
-        ax.invert_yaxis()  # top to bottom in the report table's order
+        ax.invert_yaxis()  # top to bottom in the report table's order, best first
         texts = [
             (why if r is None else lacks) if v is None else amount_text(v)
             for (_, r, (why, _)), v in zip(entries, values, strict=True)
         ]
         ax.bar_label(bars, labels=texts, fontsize=8, padding=2)
         ax.set_xlabel(f"{what}, {unit}")
+        if unit == "tokens/s":
+            _whole_numbers(ax.xaxis)
         ax.set_xlim(0, max((v for v in values if v is not None), default=0.0) * 1.2 or 1.0)
         if i:
             ax.set_yticks([])
-    fig.suptitle(f"Cluster options: best layout of each (ranked by {RANKING_NAMES[by]})")
+    fig.suptitle(f"Cluster options, best first by {RANKING_NAMES[by]}: the best layout of each")
     return save_figure(fig, path)
 
 

@@ -76,11 +76,15 @@ def unranked_contexts(rows: Sequence[Row], by: str = "tokens") -> dict[str, tupl
 def procurement_entries(
     rows: Sequence[Row], by: str = "tokens"
 ) -> list[tuple[str, Row | None, tuple[str, str]]]:
-    """(context, its best row or None, why none) of every context, by option and size."""
+    """(context, its best row or None, why none) of every context: best first by the
+    ranking (ordered by option name, the table and the figure titled "ranked by cost" listed
+    a dearer option above a cheaper one), then the unranked ones by option and size."""
+    col, high = RANKINGS[by]
     best = {r["context"]: r for r in best_per_context(rows, by)}
     missing = unranked_contexts(rows, by)
     sizes = {r["context"]: (r["option"], r["num_gpus"]) for r in rows}
-    order = sorted({*best, *missing}, key=lambda c: (*sizes[c], c))
+    ranked = sorted(best, key=lambda c: (-best[c][col] if high else best[c][col], *sizes[c], c))
+    order = ranked + sorted(missing, key=lambda c: (*sizes[c], c))
     return [(c, best.get(c), missing.get(c, ("", ""))) for c in order]
 
 
@@ -89,9 +93,9 @@ def _fmt(v: Any, spec: str) -> str:
 
 
 def amount_text(v: float | None) -> str:
-    """Days, dollars or MWh: whole numbers from 100 up, else three significant digits (fixed
-    decimals printed a fine-tuning job's 0.37 $ as "0", its 0.19 MWh as "0", 0.002 days as
-    "0.0")."""
+    """Days, dollars, MWh or a step's seconds: whole numbers from 100 up, else three
+    significant digits (fixed decimals printed a fine-tuning job's 0.37 $ as "0", its 0.19 MWh
+    as "0", 0.002 days as "0.0"; a step's ".3g" printed 19.0 s as "19" beside "19.1")."""
     return "-" if v is None else format(v, ",.0f" if abs(v) >= 100 else "#.3g")
 
 
@@ -130,7 +134,7 @@ def top_table(rows: Sequence[Row], *, k: int = 10, by: str = "tokens") -> str:
                 layout_label(r),
                 _fmt(r["tokens_per_s"], ",.0f"),
                 _fmt(r["mfu"], ".1%"),
-                _fmt(r["iteration_s"], ".3g"),
+                amount_text(r["iteration_s"]),
                 _fmt(r["bubble_fraction"], ".1%"),
                 _fmt(r["memory_gib_per_gpu"], ".1f"),
                 amount_text(days),
@@ -208,6 +212,11 @@ def _basis(rows: Sequence[Row]) -> list[str]:
     ]
 
 
+# said only when the scenario gives a price or a power (every report said it)
+PRICE_NOTE = (
+    "* Prices and power are the scenario's inputs (see the scenario file), not catalog facts."
+)
+
 # What each column of the report's tables is (the report printed them unexplained), and the
 # top-layouts figure's parts; the definitions are those of `simulator.results`
 COLUMNS = """\
@@ -271,7 +280,7 @@ def markdown_report(
         *(["\n".join(by_rule)] if by_rule else []),
         f"## Top {shown}",
         top_table(rows, k=k, by=by),
-        "## Best layout per cluster option",
+        f"## Best layout per cluster option (best first by {RANKING_NAMES[by]})",
         procurement_table(rows, by=by),
         "## Columns",
         COLUMNS,
@@ -281,7 +290,11 @@ def markdown_report(
         else "* No simulated rows to check the screen against.",
         f"* Infeasible (stage that does not fit, by count): {_reasons(rows)}.",
         *_basis(rows),
-        "* Prices and power are the scenario's inputs (see the scenario file), not catalog facts.",
+        *(
+            [PRICE_NOTE]
+            if any(r.get("price_per_gpu_hour") or r.get("power_w_per_gpu") for r in rows)
+            else []
+        ),
     ]
     failed = [r for r in rows if r["status"] == "error"]
     if failed:

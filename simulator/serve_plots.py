@@ -3,7 +3,8 @@
 Left: time per output token against output tokens per second over batch sizes (powers of
 two up to the largest batch that fits, and the requested one): the latency a user sees
 against what the GPUs deliver. Right: the requested batch's decode pass time against the context
-it attends over (the sampled passes), the prefill's time in the title.
+it attends over (the sampled passes), the prefill's time in the title (at ``--gen 1``, with no
+decode pass, a note saying so).
 """
 
 from __future__ import annotations
@@ -79,14 +80,23 @@ def plot_serve(
         right.plot(curve.contexts[1:], ms[1:], color="tab:orange", lw=1.5, marker=".", ms=3)
         # room above the longest pass: the autoscaled top sat on it and cut its markers
         right.set_ylim(0, max(ms[1:]) * 1.08 or None)
-    else:
-        right.set_ylim(bottom=0)
-    right.set(
-        xlabel="context (tokens each sequence attends over)",
-        ylabel="decode pass (ms)",
-        title=f"batch {request.batch}: decode passes; prefill {ms[0]:,.1f} ms",
-    )
-    right.grid(alpha=0.3)
+        right.set(
+            xlabel="context (tokens each sequence attends over)",
+            ylabel="decode pass (ms)",
+            title=f"batch {request.batch}: decode passes; prefill {ms[0]:,.1f} ms",
+        )
+        right.grid(alpha=0.3)
+    else:  # --gen 1: the prefill makes the one token; an empty 0-1 frame said nothing
+        right.set_axis_off()
+        right.set_title(f"batch {request.batch}: prefill {ms[0]:,.1f} ms")
+        right.text(
+            0.5,
+            0.5,
+            f"no decode pass: the prefill ({ms[0]:,.1f} ms)\ngenerates the only token",
+            ha="center",
+            va="center",
+            transform=right.transAxes,
+        )
     fig.suptitle(title)
     place_labels(fig, labels)  # the fastest batch's label ran past the right edge
     return save_figure(fig, out)

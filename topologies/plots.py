@@ -6,12 +6,14 @@ from collections.abc import Sequence
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from topologies.catalog import load_cluster
 from topologies.collectives import collective_estimate
 from topologies.measured import MeasuredCurve
 
 SIZES_BYTES: tuple[float, ...] = tuple(float(2**k) for k in range(10, 34))
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")  # one per cluster: shared lines stay apart
 
 
 def predicted_busbw(server: str, gpus: int, *, algorithm: str = "auto") -> list[float]:
@@ -26,27 +28,39 @@ def predicted_busbw(server: str, gpus: int, *, algorithm: str = "auto") -> list[
 
 
 def busbw_figure(clusters: Sequence[tuple[str, int]], measured: Sequence[MeasuredCurve]) -> Figure:
-    """One figure: a predicted line per (server, gpus), measured points in the same colour
-    (the caller writes it: `simulator.figures.save_figure`)."""
+    """One figure: a predicted line per distinct curve, the measured points of each (server,
+    gpus) in its line's colour with a marker of its own (the caller writes it:
+    `simulator.figures.save_figure`). Clusters that predict the same curve share one line (the
+    DGX H100's lay wholly under the HGX H200's, its legend entry naming an invisible line);
+    the legend has an entry per cluster, its line and its marker, and says which share."""
     fig = Figure(figsize=(8, 5))
     FigureCanvasAgg(fig)  # Agg backend, no pyplot global state
     ax = fig.add_subplot()
-    for i, (server, gpus) in enumerate(clusters):
-        colour = f"C{i % 10}"
+    curves: list[tuple[list[float], list[str]]] = []  # a drawn curve, the clusters on it
+    handles: list[Line2D] = []
+    for k, (server, gpus) in enumerate(clusters):
         algos = {c.algorithm for c in measured if (c.server, c.gpus) == (server, gpus)}
         algorithm = algos.pop() if len(algos) == 1 else "auto"
         pred = predicted_busbw(server, gpus, algorithm=algorithm)
-        style = ("-", "--", ":", "-.")[i % 4]
         label = f"{server} x{gpus}"
-        ax.plot(SIZES_BYTES, [b / 1e9 for b in pred], color=colour, ls=style, label=label)
+        i = next((j for j, (ys, _) in enumerate(curves) if ys == pred), len(curves))
+        colour, style = f"C{i % 10}", ("-", "--", ":", "-.")[i % 4]
+        if i == len(curves):
+            curves.append((pred, [label]))
+            ax.plot(SIZES_BYTES, [b / 1e9 for b in pred], color=colour, ls=style)
+        else:
+            curves[i][1].append(label)
+            label += f" (same curve as {curves[i][1][0]})"
+        marker = MARKERS[k % len(MARKERS)]
         for c in measured:
             if (c.server, c.gpus) == (server, gpus):
                 xs, ys = zip(*c.points, strict=True)
-                ax.scatter(xs, [y / 1e9 for y in ys], color=colour, marker="o", s=14)
+                ax.scatter(xs, [y / 1e9 for y in ys], color=colour, marker=marker, s=14)
+        handles.append(Line2D([], [], color=colour, ls=style, marker=marker, label=label))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("all-reduce bus bandwidth (GB/s)")
     ax.set_title("predicted (lines) vs measured nccl-tests (points)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(handles=handles)
     return fig
