@@ -6,7 +6,6 @@ subprocess with a timeout)."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from simulator.space import find_scenario
+from tests.support import edited, one_line_refusal
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = find_scenario("tiny-gpt-8gpu")
@@ -38,21 +38,8 @@ def _tilesim(*argv: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
 
 
 def _refused(p: subprocess.CompletedProcess[str], *needles: str, code: int = 2) -> str:
-    err = p.stderr
-    assert "Traceback" not in err, err
-    lines = err.strip().splitlines()
-    assert p.returncode == code, (p.returncode, err)
-    assert len(lines) == 1 and lines[0].startswith("tilesim: "), err
-    assert all(n in lines[0] for n in needles), err
-    return lines[0]
-
-
-def _edited(src: Path, key: str, value: str, dest: Path) -> Path:
-    """``src`` with the first ``key = ...`` line's value replaced by ``value``."""
-    text, n = re.subn(rf"(?m)^{key} = [^#\n]*", f"{key} = {value} ", src.read_text(), count=1)
-    assert n == 1, key
-    dest.write_text(text)
-    return dest
+    assert p.returncode == code, (p.returncode, p.stderr)
+    return one_line_refusal(p.stderr, *needles)
 
 
 # --- catalogs: an infinite link rate or latency ------------------------------------------
@@ -64,7 +51,7 @@ def test_an_infinite_network_latency_is_refused_not_printed_as_infinity(
 ) -> None:
     """``latency_s = inf`` in a network file printed ``"time_s": Infinity`` (not JSON) and
     a simulate step of NaN seconds; a latency is a finite number of seconds (>= 0)."""
-    net = _edited(NETWORK, "latency_s", value, tmp_path / "net.toml")
+    net = edited(NETWORK, "latency_s", value, tmp_path / "net.toml")
     p = _tilesim(
         "collective", "--op", "all-reduce", "--bytes", "1e9", "--gpus", "16",
         "--cluster", "dgx-a100", "--network", str(net), "--json",
@@ -75,7 +62,7 @@ def test_an_infinite_network_latency_is_refused_not_printed_as_infinity(
 def test_an_infinite_link_bandwidth_is_refused(tmp_path: Path) -> None:
     """An NVLink of infinite bytes per second priced every intra-node collective at its
     latency alone; the bandwidth is a finite rate per direction."""
-    server = _edited(SERVER, "bw_bytes_per_s_per_dir", "inf", tmp_path / "server.toml")
+    server = edited(SERVER, "bw_bytes_per_s_per_dir", "inf", tmp_path / "server.toml")
     p = _tilesim("simulate", str(TINY), "--set", f'cluster.server="{server}"', "--json")
     _refused(p, "intra.bw_bytes_per_s_per_dir", str(server))
 

@@ -17,6 +17,7 @@ from simulator.cli import main
 from simulator.errors import ConfigError
 from simulator.space import find_scenario
 from simulator.sweep import _check_reachable
+from tests.support import edited, one_line_refusal
 from topologies.catalog import NETWORKS_DIR, SERVERS_DIR, load_network, load_server
 from topologies.spec import TopologyError
 
@@ -27,20 +28,7 @@ NETWORK = NETWORKS_DIR / "ib-hdr.toml"
 
 
 def _one_line(capsys: pytest.CaptureFixture[str], *needles: str) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tilesim: "), err
-    assert all(n in lines[0] for n in needles), err
-    return lines[0]
-
-
-def _edited(src: Path, key: str, value: str, dest: Path) -> Path:
-    """``src`` with the first ``key = ...`` line's value replaced by ``value``."""
-    text, n = re.subn(rf"(?m)^{key} = [^#\n]*", f"{key} = {value} ", src.read_text(), count=1)
-    assert n == 1, key
-    dest.write_text(text)
-    return dest
+    return one_line_refusal(capsys.readouterr().err, *needles)
 
 
 # --- 1. a GPU, server or network file's numbers are numbers ----------------------------------
@@ -64,7 +52,7 @@ GPU_NOT_NUMBERS = [
 def test_a_gpu_file_number_written_as_text_or_boolean_is_refused(
     field: str, value: str, tmp_path: Path
 ) -> None:
-    path = _edited(GPU, field, value, tmp_path / "gpu.toml")
+    path = edited(GPU, field, value, tmp_path / "gpu.toml")
     with pytest.raises(GPUError, match=rf"field '{field}' must be a positive"):
         load_gpu(path)
 
@@ -83,7 +71,7 @@ def test_a_gpu_peak_written_as_text_or_boolean_is_refused(value: str, tmp_path: 
 def test_a_quoted_gpu_number_is_one_line_naming_field_and_fix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = _edited(GPU, "num_sms", '"108"', tmp_path / "gpu.toml")
+    path = edited(GPU, "num_sms", '"108"', tmp_path / "gpu.toml")
     argv = ["kernels", "predict", "--gpu", str(path), "--op", "bmm", "--dims", "16,512,64,512"]
     assert main([*argv, "--json"]) == 2
     _one_line(capsys, "num_sms", '"108"', "no quotes")
@@ -109,7 +97,7 @@ def test_a_server_or_network_number_written_as_text_or_boolean_is_refused(
 ) -> None:
     """A quoted server or link number was read as the number; ``efficiency = true`` as 1.0
     (a link at its full line rate) and ``max_nodes = true`` as one node."""
-    path = _edited(src, field, value, tmp_path / f"{src.stem}-{field}.toml")
+    path = edited(src, field, value, tmp_path / f"{src.stem}-{field}.toml")
     load = load_server if src == SERVER else load_network
     with pytest.raises(TopologyError, match=rf"field '([a-z]+\.)?{field}' must be a"):
         load(str(path))

@@ -9,43 +9,19 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import pytest
-from matplotlib.figure import Figure
 
 import simulator.plots as plots
 import simulator.serve_plots as serve_plots
 from simulator.report import markdown_report, procurement_table, top_table
-from simulator.rows import Row, add_training_cost, blank_row
+from simulator.rows import Row
 from simulator.serve import PassTimes, ServeRequest, ServeResult
+from tests.support import drawn, simulated_row
 from topologies.plots import busbw_figure, predicted_busbw
 
 
 def _row(option: str, n: int, tps: float, key: str = "x", **extra: Any) -> Row:
     """A simulated, fitting row: 1e8 tokens to train at ``tps`` tokens/s on ``n`` GPUs."""
-    row = blank_row(
-        key=f"{option}@{n}/{key}",
-        option=option,
-        context=f"{option}@{n}",
-        num_gpus=n,
-        tp=1,
-        pp=1,
-        dp=n,
-        micro_batch_size=1,
-        schedule="1f1b",
-        virtual_stages=1,
-        sequence_parallel=False,
-        recompute="none",
-        zero_stage=0,
-        tier="simulate",
-        status="ok",
-        iteration_s=1.0,
-        tokens_per_s=tps,
-        mfu=0.4,
-        bubble_fraction=0.0,
-        memory_gib_per_gpu=10.0,
-        train_tokens=1e8,
-    )
-    row.update(extra)
-    return add_training_cost(row)
+    return simulated_row(option, n, tps, key, **({"train_tokens": 1e8} | extra))
 
 
 @pytest.fixture(autouse=True)
@@ -53,19 +29,6 @@ def _close_figures() -> Iterator[None]:
     """The figures `_drawn` keeps are closed after each test (pyplot keeps them open)."""
     yield
     plt.close("all")
-
-
-def _drawn(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[Figure]:
-    kept: list[Figure] = []
-
-    def keep(fig: Figure, path: Path) -> Path:
-        fig.tight_layout()
-        fig.canvas.draw()
-        kept.append(fig)
-        return path
-
-    monkeypatch.setattr(module, "save_figure", keep)
-    return kept
 
 
 # cost = 1e8 tokens / tokens/s / 3600 x GPUs x price: a@8 6.67 $, a@16 7.02 $, b@8 4.23 $;
@@ -89,7 +52,7 @@ def test_procurement_lists_options_best_first_by_the_stated_ranking(
     assert costs["b@8"] == pytest.approx(1e8 / 1.05e5 / 3600 * 8 * 2.0)  # 4.23 $
     table = procurement_table(_OPTIONS, by=by).splitlines()[2:]
     assert [f"{line.split(' | ')[0][2:]}@{line.split(' | ')[1]}" for line in table] == order
-    kept = _drawn(monkeypatch, plots)
+    kept = drawn(monkeypatch, plots)
     plots.plot_procurement(_OPTIONS, Path("unused.png"), by=by)
     labels = [t.get_text() for t in kept[0].axes[0].get_yticklabels()]
     assert labels == order  # top to bottom, as the table
@@ -112,7 +75,7 @@ def test_step_column_keeps_three_significant_figures() -> None:
 def test_scaling_over_one_size_draws_no_linear_reference(monkeypatch: pytest.MonkeyPatch) -> None:
     """gpt3-175b-a100 (1,024 GPUs only): the legend listed "a100-sxm4-80gb: linear", a line
     of one point that was not drawn."""
-    kept = _drawn(monkeypatch, plots)
+    kept = drawn(monkeypatch, plots)
     plots.plot_scaling([_row("a", 8, 1e5)], Path("unused.png"))
     legend = [t.get_text() for t in kept[0].axes[0].get_legend().get_texts()]
     assert legend == ["a"]
@@ -128,7 +91,7 @@ def test_tokens_axes_print_whole_numbers(monkeypatch: pytest.MonkeyPatch) -> Non
     corner (tiny sweep), or 900000 without separators (GPT-3 H100 sweep)."""
     big = {"train_tokens": None}  # no budget: the procurement figure draws tokens/s
     rows = [_row("a", 8, 7.9e6, **big), _row("a", 16, 1.4e7, **big), _row("a", 16, 9e6, "y", **big)]
-    kept = _drawn(monkeypatch, plots)
+    kept = drawn(monkeypatch, plots)
     plots.plot_pareto(rows, Path("unused.png"))
     plots.plot_scaling(rows, Path("unused.png"))
     plots.plot_procurement(rows, Path("unused.png"))  # no price: a tokens/s panel
@@ -173,7 +136,7 @@ def test_serve_at_gen_1_says_there_is_no_decode_pass(monkeypatch: pytest.MonkeyP
         )
 
     curve = PassTimes(req, None, [], [0.158], [0.0], [{}])  # type: ignore[arg-type]
-    kept = _drawn(monkeypatch, serve_plots)
+    kept = drawn(monkeypatch, serve_plots)
     serve_plots.plot_serve(req, "t", curve, by_batch, 8, Path("unused.png"))
     right = kept[0].axes[1]
     said = " ".join(t.get_text() for t in right.texts)

@@ -21,54 +21,31 @@ from matplotlib.transforms import Bbox
 import simulator.plots as plots
 import simulator.serve_plots as serve_plots
 from simulator.report import markdown_report, procurement_table, rank, top_table
-from simulator.rows import Row, blank_row
+from simulator.rows import Row
 from simulator.serve import PassTimes, ServeRequest, ServeResult
+from tests.support import drawn, simulated_row
 
 
 def _row(option: str, n: int, tps: float, key: str = "x", **extra: Any) -> Row:
-    """A simulated, fitting row: a 1 s step at ``tps`` tokens/s on ``n`` GPUs."""
-    row = blank_row(
-        key=f"{option}@{n}/{key}",
-        option=option,
-        context=f"{option}@{n}",
-        num_gpus=n,
-        tp=4,
-        pp=8,
-        dp=n // 32,
-        micro_batch_size=1,
-        schedule="1f1b-interleaved",
-        virtual_stages=4,
-        sequence_parallel=True,
-        recompute="none",
-        zero_stage=1,
-        tier="simulate",
-        status="ok",
-        iteration_s=1.0,
-        tokens_per_s=tps,
-        mfu=0.503,
-        bubble_fraction=0.0978,
-        memory_gib_per_gpu=56.7,
-        optimizer_s=0.002,
-        exposed_tp_s=0.29,
-        exposed_pp_s=0.016,
-        exposed_dp_s=0.2,
-    )
-    row.update(extra)
-    return row
-
-
-def _drawn(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[Figure]:
-    """Figures as `save_figure` would write them (laid out), kept instead of written."""
-    kept: list[Figure] = []
-
-    def keep(fig: Figure, path: Path) -> Path:
-        fig.tight_layout()
-        fig.canvas.draw()
-        kept.append(fig)
-        return path
-
-    monkeypatch.setattr(module, "save_figure", keep)
-    return kept
+    """A simulated, fitting row: a 1 s step at ``tps`` tokens/s on ``n`` GPUs of an
+    interleaved, sequence-parallel layout."""
+    fields: dict[str, Any] = {
+        "tp": 4,
+        "pp": 8,
+        "dp": n // 32,
+        "schedule": "1f1b-interleaved",
+        "virtual_stages": 4,
+        "sequence_parallel": True,
+        "zero_stage": 1,
+        "mfu": 0.503,
+        "bubble_fraction": 0.0978,
+        "memory_gib_per_gpu": 56.7,
+        "optimizer_s": 0.002,
+        "exposed_tp_s": 0.29,
+        "exposed_pp_s": 0.016,
+        "exposed_dp_s": 0.2,
+    }
+    return simulated_row(option, n, tps, key, **(fields | extra))
 
 
 def _box(artist: Any, fig: Figure) -> Bbox:
@@ -112,7 +89,7 @@ def test_scaling_mfu_labels_lie_inside_the_axes_and_apart(
     """The largest cluster's MFU label was written to the right of its point, past the
     axes' right edge: across the frame on every sweep, wholly outside it on the
     procurement study. Two options of near throughput wrote theirs over each other."""
-    kept = _drawn(monkeypatch, plots)
+    kept = drawn(monkeypatch, plots)
     plots.plot_scaling(_scaling_rows(), Path("unused.png"))
     fig = kept[0]
     ax = fig.axes[0]
@@ -130,7 +107,7 @@ def test_scaling_points_are_each_sizes_best_and_print_the_reports_mfu(
     printed MFU rounded to a whole percent (50%, 7%) where the report's tables print 50.3%
     and 7.5% for the same layout."""
     rows = _scaling_rows()
-    kept = _drawn(monkeypatch, plots)
+    kept = drawn(monkeypatch, plots)
     plots.plot_scaling(rows, Path("unused.png"))
     ax = kept[0].axes[0]
     assert ax.get_xlabel() == "GPUs"
@@ -157,7 +134,7 @@ def test_top_layouts_legend_does_not_cover_the_axis_labels(
     """The legend hung 0.12 of the axes' height below them: with fewer than about ten
     ranked layouts the axes were short and the legend lay over the x label."""
     rows = [_row("h100", 2048, 9e5 - i, key=str(i)) for i in range(n)]
-    kept = _drawn(monkeypatch, plots)
+    kept = drawn(monkeypatch, plots)
     plots.plot_top_layouts(rows, Path("unused.png"))
     fig = kept[0]
     ax = fig.axes[0]
@@ -174,7 +151,7 @@ def test_top_layouts_labels_print_the_tables_bubble_and_name_exposed_communicati
     legend named the communication parts "tp", "pp", "dp" without saying they are the
     exposed part of that communication."""
     rows = [_row("h100", 2048, 9e5)]
-    kept = _drawn(monkeypatch, plots)
+    kept = drawn(monkeypatch, plots)
     plots.plot_top_layouts(rows, Path("unused.png"))
     ax = kept[0].axes[0]
     (label,) = [t.get_text() for t in ax.get_yticklabels()]
@@ -206,7 +183,7 @@ def test_pareto_front_is_the_brute_force_non_dominated_set(
             mem = float(rng.choice(range(20, 80, 3)))
             tps = float(rng.choice(range(100, 200, 4))) * n
             rows.append(_row("h100", n, tps, key=str(i), memory_gib_per_gpu=mem))
-    kept = _drawn(monkeypatch, plots)
+    kept = drawn(monkeypatch, plots)
     plots.plot_pareto(rows, Path("unused.png"))
     fronts = sorted(
         sorted(map(tuple, np.asarray(line.get_xydata()).tolist()))
@@ -277,7 +254,7 @@ def _serve_figure(monkeypatch: pytest.MonkeyPatch) -> Figure:
     passes = [1, 16, 32, 48, 63]
     seconds = [0.3415] + [(7.83 + (8.31 - 7.83) * j / 63) * 1e-3 for j in passes]
     curve = PassTimes(req, None, passes, seconds, [0.0] * 6, [{}] * 6)  # type: ignore[arg-type]
-    kept = _drawn(monkeypatch, serve_plots)
+    kept = drawn(monkeypatch, serve_plots)
     serve_plots.plot_serve(req, "t", curve, by_batch, 143, Path("unused.png"))
     return kept[0]
 

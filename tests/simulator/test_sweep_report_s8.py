@@ -16,40 +16,17 @@ import simulator.plots as plots
 import simulator.sweep_eval as sweep_eval
 from simulator.cli import main
 from simulator.report import amount_text, markdown_report, procurement_table, top_table
-from simulator.rows import Row, add_training_cost, blank_row
+from simulator.rows import Row
 from simulator.saved_rows import load_rows
 from simulator.space import find_scenario
+from tests.support import simulated_row
 
 TINY = find_scenario("tiny-gpt-8gpu")
 
 
 def _row(option: str, n: int, tps: float, **extra: Any) -> Row:
     """A simulated, fitting row of a fine-tuning-sized job: 1e8 tokens at ``tps`` tokens/s."""
-    row = blank_row(
-        key=f"{option}@{n}/x",
-        option=option,
-        context=f"{option}@{n}",
-        num_gpus=n,
-        tp=1,
-        pp=1,
-        dp=n,
-        micro_batch_size=1,
-        schedule="1f1b",
-        virtual_stages=1,
-        sequence_parallel=False,
-        recompute="none",
-        zero_stage=0,
-        tier="simulate",
-        status="ok",
-        iteration_s=1.0,
-        tokens_per_s=tps,
-        mfu=0.4,
-        bubble_fraction=0.0,
-        memory_gib_per_gpu=10.0,
-        train_tokens=1e8,
-    )
-    row.update(extra)
-    return add_training_cost(row)
+    return simulated_row(option, n, tps, **({"train_tokens": 1e8} | extra))
 
 
 def test_small_amounts_are_not_printed_as_zero() -> None:

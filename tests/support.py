@@ -1,0 +1,75 @@
+"""Helpers the test modules share: a simulated sweep row, figures kept instead of written, a
+catalog file with one value edited, and the one-line refusal every bad input gets."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from matplotlib.figure import Figure
+
+from simulator.rows import Row, add_training_cost, blank_row
+
+
+def simulated_row(option: str, n: int, tps: float, key: str = "x", **fields: Any) -> Row:
+    """A simulated, fitting row of option ``option`` on ``n`` GPUs: a 1 s step at ``tps``
+    tokens/s of a pure data-parallel layout, overridden by ``fields``; time to train, cost and
+    energy are filled where ``train_tokens`` (and a price or power) are given."""
+    row = blank_row(
+        key=f"{option}@{n}/{key}",
+        option=option,
+        context=f"{option}@{n}",
+        num_gpus=n,
+        tp=1,
+        pp=1,
+        dp=n,
+        micro_batch_size=1,
+        schedule="1f1b",
+        virtual_stages=1,
+        sequence_parallel=False,
+        recompute="none",
+        zero_stage=0,
+        tier="simulate",
+        status="ok",
+        iteration_s=1.0,
+        tokens_per_s=tps,
+        mfu=0.4,
+        bubble_fraction=0.0,
+        memory_gib_per_gpu=10.0,
+    )
+    row.update(fields)
+    return add_training_cost(row)
+
+
+def drawn(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[Figure]:
+    """Figures as ``module``'s `save_figure` would write them (laid out), kept instead of
+    written."""
+    kept: list[Figure] = []
+
+    def keep(fig: Figure, path: Path) -> Path:
+        fig.tight_layout()
+        fig.canvas.draw()
+        kept.append(fig)
+        return path
+
+    monkeypatch.setattr(module, "save_figure", keep)
+    return kept
+
+
+def edited(src: Path, key: str, value: str, dest: Path) -> Path:
+    """``src`` with the first ``key = ...`` line's value replaced by ``value``."""
+    text, n = re.subn(rf"(?m)^{key} = [^#\n]*", f"{key} = {value} ", src.read_text(), count=1)
+    assert n == 1, key
+    dest.write_text(text)
+    return dest
+
+
+def one_line_refusal(err: str, *needles: str) -> str:
+    """The single ``tilesim: ...`` line of ``err`` (no traceback), holding every needle."""
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tilesim: "), err
+    assert all(n in lines[0] for n in needles), err
+    return lines[0]
