@@ -157,6 +157,15 @@ def _check_sizes(run: RunConfig, model: ModelSpec, num_gpus: int) -> int:
     )
     _need((dp * run.cp) % run.ep == 0, "run.ep", f"must divide dp*cp = {dp * run.cp}")
     _need(model.num_experts % run.ep == 0, "run.ep", "must divide the number of experts")
+    # Megatron-LM refuses MoE with tensor parallelism but without sequence parallelism
+    # (megatron/training/arguments.py: "When using MoE and tensor parallelism, sequence
+    # parallelism must be used"; its token dispatchers split the tokens over the TP ranks)
+    _need(
+        model.num_experts == 1 or run.tp == 1 or run.sequence_parallel,
+        "run.sequence_parallel",
+        f"must be true for a MoE model at run.tp = {run.tp} (Megatron-LM runs experts with "
+        "tensor parallelism only under sequence parallelism); set it, or run.tp = 1",
+    )
     return dp
 
 

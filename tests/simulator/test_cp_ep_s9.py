@@ -161,14 +161,16 @@ def test_a_cp_backward_ring_step_hides_behind_the_attention_backward_kernels() -
 
 def test_moe_all_to_all_under_sequence_parallelism_moves_a_ranks_own_tokens() -> None:
     """With sequence parallelism each TP rank dispatches its own s/tp tokens (it moved the
-    whole s, tp times the bytes); without it the whole micro-batch is dispatched."""
+    whole s, tp times the bytes); without it (tp 1: Megatron-LM runs MoE with TP only under
+    sequence parallelism) the whole micro-batch is dispatched."""
     inputs = _tiny("model.num_experts=8", "model.experts_per_token=2", "cluster.num_gpus=16")
     run = RunConfig(tp=2, pp=1, cp=1, dp=0, ep=4, micro_batch_size=1, sequence_parallel=True)
     lay = layout_of(inputs, run)
     a = activation_bytes(inputs, lay) * inputs.model.experts_per_token
     one = collective_s("all-to-all", a / 2, lay.ep_group, inputs.cluster)
     assert layer_comm(inputs, lay).ep_fw_s == 2 * one
-    whole = layout_of(inputs, run.model_copy(update={"sequence_parallel": False}))
+    whole = layout_of(inputs, run.model_copy(update={"sequence_parallel": False, "tp": 1}))
+    a = activation_bytes(inputs, whole) * inputs.model.experts_per_token
     assert layer_comm(inputs, whole).ep_fw_s == 2 * collective_s(
         "all-to-all", a, whole.ep_group, inputs.cluster
     )

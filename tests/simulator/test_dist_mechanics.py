@@ -119,15 +119,18 @@ def test_moe_activations_grow_with_experts_per_token() -> None:
     """Top-k routing keeps k copies of each token's MLP activations (Korthikanti's 16 of the 24
     tensor-parallel units, here ffn = 4h); it was the same memory for every k. The experts'
     input, k copies of each token gathered whole on every TP rank, adds 2k units not divided
-    by t (`memory.routed_units`)."""
-    run = RunConfig(tp=2, pp=2, dp=2, micro_batch_size=2)
+    by t (`memory.routed_units`); sequence parallelism (Megatron-LM's MoE with TP) divides
+    the 10 replicated units by t too."""
+    run = RunConfig(tp=2, pp=2, dp=2, micro_batch_size=2, sequence_parallel=True)
 
     def acts(k: int) -> float:
         inputs = _tiny("model.num_experts=4", f"model.experts_per_token={k}")
         return layer_activation_bytes(inputs, layout_of(inputs, run))
 
     s, b, h, t = 128, 2, 256, 2
-    assert acts(1) == pytest.approx(s * b * h * (10 + 24 / t + 2), rel=1e-12)  # bf16: 2-byte units
+    assert acts(1) == pytest.approx(
+        s * b * h * ((10 + 24) / t + 2), rel=1e-12
+    )  # bf16: 2-byte units
     assert acts(2) - acts(1) == pytest.approx(s * b * h * (16 / t + 2), rel=1e-12)
     assert acts(4) - acts(1) == pytest.approx(3 * s * b * h * (16 / t + 2), rel=1e-12)
 
@@ -143,13 +146,14 @@ def test_swiglu_mlp_activations_count_gate_up_and_fc2_input() -> None:
     s, b, h, t = 128, 2, 256, 2
     swiglu = ("model.activation='swiglu'", "model.ffn_hidden_size=896")
 
-    def acts(*sets: str) -> float:
+    def acts(*sets: str, sp: bool = False) -> float:
         inputs = _tiny(*swiglu, *sets)
-        return layer_activation_bytes(inputs, layout_of(inputs, run)) / (s * b * h)
+        lay = layout_of(inputs, run.model_copy(update={"sequence_parallel": sp}))
+        return layer_activation_bytes(inputs, lay) / (s * b * h)
 
     assert acts() == pytest.approx(10 + 29 / t, rel=1e-12)
     moe = ("model.num_experts=4", "model.experts_per_token=2")
-    assert acts(*moe) == pytest.approx(10 + 50 / t + 4, rel=1e-12)
+    assert acts(*moe, sp=True) == pytest.approx((10 + 50) / t + 4, rel=1e-12)  # MoE: SP
     half = _tiny(*swiglu, *moe).model.model_copy(update={"moe_every": 2})
     assert parallel_units(half) == pytest.approx(39.5, rel=1e-12)  # 1 of 2 layers is MoE
 
@@ -384,7 +388,9 @@ def test_expert_state_shards_over_the_ranks_that_hold_the_expert(zero: int) -> N
     inputs = _tiny("model.num_experts=4", "cluster.num_gpus=16")
 
     def memory(ep: int) -> Any:
-        run = RunConfig(tp=2, pp=2, dp=4, ep=ep, micro_batch_size=1, zero_stage=zero)
+        run = RunConfig(
+            tp=2, pp=2, dp=4, ep=ep, micro_batch_size=1, zero_stage=zero, sequence_parallel=True
+        )
         layout = layout_of(inputs, run)
         return stage_memory(inputs, layout, 0, stage_params(inputs, layout)[0], 1)
 

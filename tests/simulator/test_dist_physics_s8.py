@@ -55,6 +55,7 @@ def _experts(inputs: SimInputs, lay: Any) -> list[float]:
 
 def _moe_layout(ep: int, zero: int = 1, **kw: Any) -> tuple[SimInputs, Any]:
     inputs = _tiny(*MOE)
+    kw.setdefault("sequence_parallel", True)  # Megatron-LM's MoE with TP
     run = RunConfig(tp=2, pp=2, dp=4, ep=ep, micro_batch_size=1, zero_stage=zero, **kw)
     return inputs, layout_of(inputs, run)
 
@@ -114,11 +115,15 @@ def test_sharded_optimizer_steps_the_same_state_whatever_the_ep(zero: int) -> No
     inputs = _tiny(*MOE)
 
     def optimizer_s(ep: int) -> tuple[float, ...]:
-        run = RunConfig(tp=2, pp=2, dp=4, ep=ep, micro_batch_size=1, zero_stage=zero)
+        run = RunConfig(
+            tp=2, pp=2, dp=4, ep=ep, micro_batch_size=1, zero_stage=zero, sequence_parallel=True
+        )
         return step_costs(inputs, layout_of(inputs, run), latency_table(inputs, [run])).optimizer_s
 
     assert optimizer_s(2) == pytest.approx(optimizer_s(1), rel=1e-12)
-    run = RunConfig(tp=2, pp=2, dp=4, ep=4, micro_batch_size=1, zero_stage=zero)
+    run = RunConfig(
+        tp=2, pp=2, dp=4, ep=4, micro_batch_size=1, zero_stage=zero, sequence_parallel=True
+    )
     lay = layout_of(inputs, run)
     table = latency_table(inputs, [run])
     adam = block_times(shard_kernels(inputs, run), table, run).adam_s_per_param
@@ -150,8 +155,8 @@ def _faster(inputs: SimInputs, scale: float) -> SimInputs:
 @pytest.mark.parametrize(
     "run",
     [
-        RunConfig(tp=2, pp=2, dp=4, ep=2, micro_batch_size=1, zero_stage=1),
-        RunConfig(tp=2, pp=1, dp=8, ep=4, micro_batch_size=1, zero_stage=3),
+        RunConfig(tp=2, pp=2, dp=4, ep=2, micro_batch_size=1, zero_stage=1, sequence_parallel=True),
+        RunConfig(tp=2, pp=1, dp=8, ep=4, micro_batch_size=1, zero_stage=3, sequence_parallel=True),
         RunConfig(tp=1, pp=2, dp=8, ep=4, micro_batch_size=1, sequence_parallel=True),
     ],
 )

@@ -12,6 +12,7 @@ import pytest
 
 from forecast.kernels import ITEMSIZE_BYTES, OpFamily
 from simulator.comm import activation_bytes, collective_s, layer_comm
+from simulator.errors import ConfigError
 from simulator.models import load_model
 from simulator.parallel import RunConfig
 from simulator.scenario import SimInputs, load_scenario, resolve
@@ -40,8 +41,7 @@ def _mixtral(capacity: int = 0) -> SimInputs:
 # -- 1. the expert shards' TP gather of the routed tokens -------------------------------------
 
 
-@pytest.mark.parametrize("sp", [False, True])
-def test_moe_expert_tp_collectives_move_top_k_times_the_tokens(sp: bool) -> None:
+def test_moe_expert_tp_collectives_move_top_k_times_the_tokens() -> None:
     """Megatron-core's MoEAlltoAllTokenDispatcher (megatron/core/transformer/moe/
     token_dispatcher.py): after the EP all-to-all, ``token_permutation`` all-gathers the
     routed tokens over the TP group (``gather_from_sequence_parallel_region``) and
@@ -50,12 +50,12 @@ def test_moe_expert_tp_collectives_move_top_k_times_the_tokens(sp: bool) -> None
     these move ``k * A`` (the all-to-all's ``k x`` tokens of every TP rank). The expert linears
     run with ``explicit_expert_comm`` (no collective of their own, the gathered input saved
     whole): no backward re-gather, nothing overlapped with their GEMMs. Backward: all-gather of
-    the output gradient, reduce-scatter of the input gradient, ``k * A`` each. Without sequence
-    parallelism (accepted here, refused by Megatron-LM) every TP rank holds all tokens and the
-    row-parallel expert output is all-reduced: ``k * A`` forward and backward. The attention
-    half keeps the dense pattern of ``A``. It was charged at ``A`` for both halves."""
+    the output gradient, reduce-scatter of the input gradient, ``k * A`` each (Megatron-LM runs
+    MoE with TP only under sequence parallelism: `test_moe_with_tp_needs_sequence_parallelism`).
+    The attention half keeps the dense pattern of ``A``. It was charged at ``A`` for both
+    halves."""
     inputs = _mixtral()
-    run = RunConfig(tp=2, pp=1, cp=1, dp=0, ep=2, micro_batch_size=1, sequence_parallel=sp)
+    run = RunConfig(tp=2, pp=1, cp=1, dp=0, ep=2, micro_batch_size=1, sequence_parallel=True)
     lay = layout_of(inputs, run)
     a = activation_bytes(inputs, lay)
     assert a == SEQ * 4096 * 2  # b s h bytes (bf16)
@@ -65,13 +65,9 @@ def test_moe_expert_tp_collectives_move_top_k_times_the_tokens(sp: bool) -> None
         return collective_s(op, nbytes, lay.tp_group, inputs.cluster)  # type: ignore[arg-type]
 
     lc = layer_comm(inputs, lay)
-    if sp:
-        attn_fw = c("all-gather", a) + c("reduce-scatter", a)
-        attn_bw = 2 * c("all-gather", a) + c("reduce-scatter", a)  # + the qkv input re-gather
-        moe = c("all-gather", k * a) + c("reduce-scatter", k * a)
-    else:
-        attn_fw = attn_bw = c("all-reduce", a)
-        moe = c("all-reduce", k * a)
+    attn_fw = c("all-gather", a) + c("reduce-scatter", a)
+    attn_bw = 2 * c("all-gather", a) + c("reduce-scatter", a)  # + the qkv input re-gather
+    moe = c("all-gather", k * a) + c("reduce-scatter", k * a)
     assert moe > c("all-gather", a) > 0
     assert lc.tp_fw_s == pytest.approx(attn_fw + moe, rel=1e-12)
     assert lc.tp_bw_s == pytest.approx(attn_bw + moe, rel=1e-12)
@@ -81,14 +77,23 @@ def test_moe_expert_tp_collectives_move_top_k_times_the_tokens(sp: bool) -> None
     bt = block_times(shard_kernels(inputs, run), table, run)
     assert len(bt.col_dgrad_s) == len(bt.col_wgrad_s) == 1
     d, w = bt.col_dgrad_s[0], bt.col_wgrad_s[0]
-    if sp:
-        ag, rs = c("all-gather", a), c("reduce-scatter", a)
-        want = ag + max(0.0, ag - d) + max(0.0, rs - w) + moe
-    else:
-        want = max(0.0, c("all-reduce", a) - w) + moe
+    ag, rs = c("all-gather", a), c("reduce-scatter", a)
+    want = ag + max(0.0, ag - d) + max(0.0, rs - w) + moe
     assert tp_bw_exposed_s(bt, lc, run) == pytest.approx(want, rel=1e-12)
     blocking = run.model_copy(update={"tp_comm_overlap": False})
     assert tp_bw_exposed_s(bt, lc, blocking) == pytest.approx(lc.tp_bw_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+def test_moe_with_tp_needs_sequence_parallelism(ep: int) -> None:
+    """Megatron-LM asserts "When using MoE and tensor parallelism, sequence parallelism must be
+    used" (megatron/training/arguments.py); such a layout was simulated and could be ranked."""
+    inputs = _mixtral()
+    run = RunConfig(tp=2, pp=1, cp=1, dp=0, ep=ep, micro_batch_size=1)
+    with pytest.raises(ConfigError, match=r"run\.sequence_parallel: must be true for a MoE"):
+        layout_of(inputs, run)
+    layout_of(inputs, run.model_copy(update={"sequence_parallel": True}))
+    layout_of(inputs, run.model_copy(update={"tp": 1}))
 
 
 def test_a_dense_layer_keeps_its_tp_collectives() -> None:
