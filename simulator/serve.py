@@ -35,6 +35,7 @@ vocabulary-parallel embedding, and an all-gather of the last tokens' logits.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -90,9 +91,10 @@ class ServeResult(BaseModel):
     comm_ms: float  # tensor-parallel collectives over all passes (0 at tp 1)
     weights_gib: float
     kv_cache_gib: float
-    memory_gib: float
+    memory_gib: float  # weights + KV cache + the prefill's activations
     fits: bool
     max_batch: int  # the largest batch that fits (0: the weights alone do not)
+    activations_gib: float  # the prefill's live activations, the rest of memory_gib
 
 
 def shard(model: ModelSpec, tp: int) -> ModelSpec:
@@ -167,20 +169,32 @@ def passes(req: ServeRequest) -> list[Workload]:
     return [prefill, *decode]
 
 
-def _memory(model: ModelSpec, gpu: GPUSpec, req: ServeRequest) -> tuple[float, float, float]:
-    """Weights, KV cache and total bytes of ``req``: the prefill's activations as it runs on
-    ``gpu`` (`on_gpu`: unfused attention, its scores in memory, where FlashAttention-2 has no
-    kernels), as `e2e.predict_run` counts them."""
+class ServeMemory(NamedTuple):
+    """Bytes one GPU holds for a request; weights, KV cache, total in the order `_memory`
+    returned them as a plain tuple, then the activations the total includes."""
+
+    weights_bytes: float
+    kv_cache_bytes: float
+    total_bytes: float  # the three parts summed
+    activations_bytes: float  # the prefill's: `memory.estimate_memory` of an inference pass
+
+
+def _memory(model: ModelSpec, gpu: GPUSpec, req: ServeRequest) -> ServeMemory:
+    """Weights, KV cache, total and activation bytes of ``req``: the prefill's activations as
+    it runs on ``gpu`` (`on_gpu`: unfused attention, its scores in memory, where
+    FlashAttention-2 has no kernels), as `e2e.predict_run` and ``tilesim predict --mode inf``
+    count them (two layers' worth alive, and the last tokens' logits)."""
     mem = estimate_memory(model, on_gpu(_prefill(req), gpu), gpu)
     kv = kv_cache_bytes(model, req)
-    return mem.weights_bytes, kv, mem.total_bytes + kv
+    return ServeMemory(mem.weights_bytes, kv, mem.total_bytes + kv, mem.activations_bytes)
 
 
 def max_batch(model: ModelSpec, gpu: GPUSpec, req: ServeRequest) -> int:
     """The largest batch whose weights, KV cache and prefill activations fit: all but the
     weights are linear in the batch, so it is a closed form of the batch-1 figures."""
-    weights, _, total_one = _memory(model, gpu, req.model_copy(update={"batch": 1}))
-    per_sequence = total_one - weights
+    one = _memory(model, gpu, req.model_copy(update={"batch": 1}))
+    weights = one.weights_bytes
+    per_sequence = one.total_bytes - weights
     if weights > gpu.hbm_bytes:
         return 0
     return int((gpu.hbm_bytes - weights) // per_sequence)
@@ -278,7 +292,8 @@ def summarise(p: PassTimes, gpu: GPUSpec) -> ServeResult:
     prefill_s, steps = p.seconds[0], p.seconds[1:]
     decode_s = p.all_decode(steps)
     e2e_s = prefill_s + decode_s
-    weights, kv, total = _memory(p.local, gpu, req)
+    mem = _memory(p.local, gpu, req)
+    total = mem.total_bytes
     return ServeResult(
         prefill_ms=prefill_s * 1e3,
         decode_ms=decode_s * 1e3,
@@ -289,8 +304,9 @@ def summarise(p: PassTimes, gpu: GPUSpec) -> ServeResult:
         output_tokens_per_s=req.batch * req.gen / e2e_s,
         by_family_ms={k: v * 1e3 for k, v in families.items()},
         comm_ms=(p.comm_s[0] + p.all_decode(p.comm_s[1:])) * 1e3,
-        weights_gib=weights / GIB,
-        kv_cache_gib=kv / GIB,
+        weights_gib=mem.weights_bytes / GIB,
+        kv_cache_gib=mem.kv_cache_bytes / GIB,
+        activations_gib=mem.activations_bytes / GIB,
         memory_gib=total / GIB,
         fits=total <= gpu.hbm_bytes,
         max_batch=max_batch(p.local, gpu, req),

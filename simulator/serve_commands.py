@@ -97,10 +97,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.plot is not None:
         from simulator.serve_plots import plot_serve  # matplotlib only when a figure is drawn
 
-        title = (
-            f"{model.id} on {req.tp} x {gpu.id}, {req.framework} {req.dtype}: "
-            f"{req.prompt}-token prompts, {req.gen} tokens generated (forecast)"
-        )
+        title = serve_title(model.id, gpu.id, req)
 
         def at(batch: int) -> ServeResult:
             other = req.model_copy(update={"batch": batch})
@@ -109,6 +106,16 @@ def _serve(args: argparse.Namespace) -> int:
         path = plot_serve(req, title, curve, at, res.max_batch, args.plot)
         print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def serve_title(model_id: str, gpu_id: str, req: ServeRequest) -> str:
+    """The figure's title: ``1 x GPU`` at tp 1 read as a count, "1 tokens" as a typo."""
+    gpus = gpu_id if req.tp == 1 else f"{req.tp} x {gpu_id}"
+    tokens = "1 token" if req.gen == 1 else f"{req.gen} tokens"
+    return (
+        f"{model_id} on {gpus}, {req.framework} {req.dtype}: "
+        f"{req.prompt}-token prompts, {tokens} generated (forecast)"
+    )
 
 
 def _hardware(args: argparse.Namespace, req: ServeRequest) -> tuple[GPUSpec, Cluster | None]:
@@ -128,18 +135,37 @@ def _hardware(args: argparse.Namespace, req: ServeRequest) -> tuple[GPUSpec, Clu
     return load_gpu(spec.gpu), load_cluster(str(args.server), gpus=req.tp)
 
 
-def _print(res: ServeResult, req: ServeRequest) -> None:
+def serve_text(res: ServeResult, req: ServeRequest) -> str:
+    """The lines ``tilesim serve`` prints: no decode line at ``--gen 1`` (the prefill makes the
+    one token), no communication line at ``--tp 1`` (there is none)."""
     digits = 0 if res.output_tokens_per_s >= 100 else 2  # 0.26 tokens/s is not "0"
-    print(
+    passes = req.gen - 1
+    lines = [
         f"batch {req.batch}, prompt {req.prompt}, gen {req.gen} ({req.framework}, {req.dtype}, "
-        f"tp {req.tp})\n"
-        f"  prefill (time to first token) {res.prefill_ms:10.2f} ms\n"
-        f"  decode, {req.gen - 1} passes       {res.decode_ms:10.2f} ms "
-        f"({res.first_decode_ms:.2f} -> {res.last_decode_ms:.2f} ms per pass, "
-        f"mean {res.tpot_ms:.2f})\n"
-        f"  of which tensor-parallel communication {res.comm_ms:.2f} ms\n"
-        f"  total                         {res.e2e_ms:10.2f} ms, "
-        f"{res.output_tokens_per_s:,.{digits}f} output tokens/s\n"
-        f"  memory per GPU {res.memory_gib:.2f} GiB (weights {res.weights_gib:.2f}, KV cache "
-        f"{res.kv_cache_gib:.2f}), fits={res.fits}, largest batch that fits {res.max_batch}"
+        f"tp {req.tp})",
+        f"  {'prefill (time to first token)':30}{res.prefill_ms:10.2f} ms",
+    ]
+    if passes == 0:
+        lines.append("  no decode: the one generated token comes from the prefill")
+    else:
+        label = f"decode, {passes} pass{'' if passes == 1 else 'es'}"
+        lines.append(
+            f"  {label:30}{res.decode_ms:10.2f} ms ({res.first_decode_ms:.2f} -> "
+            f"{res.last_decode_ms:.2f} ms per pass, mean {res.tpot_ms:.2f})"
+        )
+    lines.append(
+        f"  {'total':30}{res.e2e_ms:10.2f} ms, {res.output_tokens_per_s:,.{digits}f} output "
+        "tokens/s"
     )
+    if req.tp > 1:
+        lines.append(f"  {'of which TP collectives':30}{res.comm_ms:10.2f} ms")
+    lines.append(
+        f"  memory per GPU {res.memory_gib:.2f} GiB (weights {res.weights_gib:.2f}, KV cache "
+        f"{res.kv_cache_gib:.2f}, prefill activations {res.activations_gib:.2f})\n"
+        f"  fits={res.fits}, largest batch that fits {res.max_batch}"
+    )
+    return "\n".join(lines)
+
+
+def _print(res: ServeResult, req: ServeRequest) -> None:
+    print(serve_text(res, req))

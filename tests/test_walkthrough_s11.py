@@ -130,6 +130,7 @@ def test_serve_at_gen_1_says_there_is_no_decode_pass(monkeypatch: pytest.MonkeyP
             comm_ms=0.0,
             weights_gib=15.0,
             kv_cache_gib=0.0,
+            activations_gib=0.0,
             memory_gib=15.0,
             fits=True,
             max_batch=8,

@@ -1,4 +1,5 @@
-"""Text formatting of catalogs, estimates and the measured-vs-predicted table (GB/s, us)."""
+"""Text formatting of catalogs, estimates and the measured-vs-predicted table (GB/s, us; sizes
+in binary units, KiB = 2^10 bytes, as the rest of the CLI prints GiB)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,20 @@ from topologies.catalog import list_networks, list_servers
 from topologies.collectives import CollectiveEstimate
 from topologies.measured import Comparison
 from topologies.spec import TopologyError
+
+BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def size_text(nbytes: float) -> str:
+    """A size in the largest binary unit it reaches: whole numbers from 100 up, else three
+    significant digits (1,048,576 -> "1 MiB", 34,603,008 -> "33 MiB", 1.5 x 2^30 -> "1.5 GiB";
+    the table printed "1.049e+06")."""
+    value, unit = float(nbytes), BINARY_UNITS[0]
+    for unit in BINARY_UNITS:
+        if abs(value) < 1024 or unit == BINARY_UNITS[-1]:
+            break
+        value /= 1024
+    return f"{format(value, ',.0f' if abs(value) >= 100 else '.3g')} {unit}"
 
 
 def server_lines() -> list[str]:
@@ -32,9 +47,13 @@ def network_lines() -> list[str]:
 
 
 def describe(est: CollectiveEstimate) -> str:
-    """One human line for an estimate."""
+    """One human line for an estimate; the size in a binary unit, and in bytes as given when
+    that unit rounds it."""
+    size = size_text(est.nbytes)
+    if est.nbytes >= 1024:
+        size += f" ({est.nbytes:,.0f} B)"
     return (
-        f"{est.op} {est.nbytes:g} B over {est.num_ranks} ranks: {est.time_s * 1e6:.1f} us, "
+        f"{est.op} {size} over {est.num_ranks} ranks: {est.time_s * 1e6:.1f} us, "
         f"algbw {est.algbw_bytes_per_s / 1e9:.1f} GB/s, busbw {est.busbw_bytes_per_s / 1e9:.1f} "
         f"GB/s ({est.algorithm}/{est.protocol})"
     )
@@ -49,13 +68,13 @@ def check_table(rows: Sequence[Comparison]) -> str:
             "no larger than the largest measured size"
         )
     out = [
-        "| cluster | GPUs | bytes | measured GB/s | predicted GB/s | error | algorithm |",
+        "| cluster | GPUs | size | measured GB/s | predicted GB/s | error | algorithm |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         meas, pred = r.measured_busbw_bytes_per_s / 1e9, r.predicted_busbw_bytes_per_s / 1e9
         out.append(
-            f"| {r.server} | {r.gpus} | {r.nbytes:.4g} | {meas:.1f} | {pred:.1f} "
+            f"| {r.server} | {r.gpus} | {size_text(r.nbytes)} | {meas:.1f} | {pred:.1f} "
             f"| {r.error:+.1%} | {r.algorithm} |"
         )
     return "\n".join(out)

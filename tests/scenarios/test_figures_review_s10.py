@@ -246,6 +246,7 @@ def _serve_figure(monkeypatch: pytest.MonkeyPatch) -> Figure:
             comm_ms=0.0,
             weights_gib=15.0,
             kv_cache_gib=0.1 * b,
+            activations_gib=0.0,
             memory_gib=15.0 + 0.1 * b,
             fits=b <= 143,
             max_batch=143,
