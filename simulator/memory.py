@@ -23,6 +23,8 @@ from simulator.models import ModelSpec
 from simulator.opgraph import Framework, Workload
 
 GIB = 2**30
+# a dropout mask: torch's native_dropout (and Megatron's fused bias-dropout-add) saves bool
+MASK_ITEMSIZE_BYTES = 1
 
 
 class MemoryEstimate(BaseModel):
@@ -73,8 +75,8 @@ def saved_bytes(
     save the fp8 cast of their input, transformer_engine/pytorch/module/linear.py and
     layernorm_linear.py; else ``x``, the one tensor serving both):
 
-    * replicated: the two norms' inputs ``2x``, two dropout masks ``2 * x/2`` (1 byte each in
-      16-bit), the QKV and fc1 inputs ``2g``: 10 in 16-bit, 8 under fp8;
+    * replicated: the two norms' inputs ``2x``, two bool dropout masks (1 byte each, whatever
+      the dtype), the QKV and fc1 inputs ``2g``: 10 in 16-bit, 8 under fp8, 18 in fp32;
     * parallel: Q ``xq``, K and V ``2x kv`` (``q``, ``kv``: their widths over ``h``), the
       projection's input ``gq``, plus FlashAttention's own bf16 output ``xq`` where the
       projection keeps a separate fp8 copy; the MLP's activation-function tensors, ``x f/h``
@@ -98,15 +100,17 @@ def saved_bytes(
     parallel = attention + mlp * (1.0 + (model.experts_per_token - 1) * moe_share)
     copies = g + (x if framework == "hf-eager" else 0.0)
     routed = copies * model.experts_per_token * moe_share
-    return SavedBytes(replicated=2.0 * x + x + 2.0 * g, parallel=parallel, routed=routed)
+    masks = 2.0 * MASK_ITEMSIZE_BYTES  # attention's output and the MLP's output dropout
+    return SavedBytes(replicated=2.0 * x + masks + 2.0 * g, parallel=parallel, routed=routed)
 
 
 def score_bytes(model: ModelSpec, seq: int, dtype: Dtype, framework: Framework) -> float:
-    """Unfused attention's scores per token and hidden element: softmax output, dropout mask
-    and dropout output, ``5as/h`` in 16-bit (``seq``: the keys a query meets), in the
-    activations' element size (bf16 under TransformerEngine's fp8)."""
+    """Unfused attention's scores per token and hidden element: softmax output and dropout
+    output in the activations' element size (bf16 under TransformerEngine's fp8), and the
+    1-byte dropout mask, ``5as/h`` in 16-bit, ``9as/h`` in fp32 (``seq``: the keys a query
+    meets)."""
     x = activation_itemsize_bytes(dtype, framework)
-    return 5.0 * model.num_heads * seq / model.hidden_size * x / 2.0
+    return (2.0 * x + MASK_ITEMSIZE_BYTES) * model.num_heads * seq / model.hidden_size
 
 
 def parallel_units(model: ModelSpec, framework: Framework = "megatron") -> float:
