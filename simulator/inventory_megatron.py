@@ -23,6 +23,15 @@ Fused kernels and how they are modelled with the forecaster's families:
 * fused bias-GeLU / SwiGLU: one element-wise kernel over the FFN activations;
 * fused bias-dropout-add: one element-wise ``add``;
 * fused Adam: see `opgraph.optimizer_kernels`.
+
+fp8 training (`memory.te_fp8`: Megatron-LM with TransformerEngine) runs in fp8 only the GEMMs of
+TE's linear modules, the layer's QKV, projection and MLP linears (`te_linear`); every other op
+(norms, activation functions, residual adds, embedding, attention, the MoE router, the output
+layer) is the bf16 inventory's (`activation_dtype`). The router is Megatron-core's
+``TopKRouter``, a plain ``torch.nn.functional.linear`` on the bf16 hidden states; the output
+layer a plain ``tensor_parallel.ColumnParallelLinear``; OPT's ``project_in`` / ``project_out``
+have no Megatron counterpart and sit with the embedding and the head, outside TE's layer: all
+bf16 GEMMs. TE's own fp8 casts (`fp8_cast`) are memory-bound kernels next to each fp8 GEMM.
 """
 
 from __future__ import annotations
@@ -33,12 +42,77 @@ from dataclasses import replace
 from forecast.kernels import FAMILY_OPS, ITEMSIZE_BYTES, Dtype, KernelSpec, OpFamily
 from simulator import oprules as r
 from simulator.inventory_hf import Sizes, attention_core, sizes
+from simulator.memory import te_fp8
 from simulator.models import ModelSpec
 from simulator.opgraph import Block, Workload
 from simulator.oprules import FrameworkOp
 
 ATTN = OpFamily.ATTENTION
 FLASH_KERNEL_DTYPES = frozenset({Dtype.FP16, Dtype.BF16})  # `tensor_core.ATTENTION_DTYPES`
+
+
+def activation_dtype(dtype: Dtype) -> Dtype:
+    """Element type of every op but TE's linear GEMMs: bf16 under fp8 training (`memory.te_fp8`:
+    TransformerEngine returns bf16 from its fp8 GEMMs), else ``dtype``."""
+    return Dtype.BF16 if te_fp8(dtype, "megatron") else dtype
+
+
+# TransformerEngine's fp8 casts of a GEMM operand of ``rows x width`` bf16 elements, in bytes
+# moved per element: ``cast`` reads 2 and writes 1 (``cast_to_fp8``), ``cast_transpose`` writes
+# the fp8 copy and its transpose (``fp8_cast_transpose_fused``, ``..._bgrad_fused``: a bias
+# gradient's column sum rides along), ``transpose`` reads and writes fp8 (``fp8_transpose``).
+CAST_BYTES_PER_ELEMENT: dict[str, int] = {"cast": 3, "cast_transpose": 4, "transpose": 2}
+
+
+def fp8_cast(kind: str, rows: int, width: int) -> KernelSpec:
+    """One TE cast kernel (`CAST_BYTES_PER_ELEMENT`) as the forecaster's memory family prices
+    it: a bf16 ``copy`` (4 bytes an element) over ``width x bytes / 4`` columns, so that its
+    bytes are the cast's, ``rows x width x bytes``."""
+    cols = -(-width * CAST_BYTES_PER_ELEMENT[kind] // 4)
+    return KernelSpec(OpFamily.MEMORY, (max(1, rows), max(1, cols)), Dtype.BF16, "copy")
+
+
+def te_linear(
+    name: str,
+    rows: int,
+    dims: tuple[int, int],
+    dtype: Dtype,
+    *,
+    bias: bool,
+    fused_norm: bool = False,
+    train: bool = True,
+) -> FrameworkOp:
+    """A linear of TE's layer (``rows`` tokens, ``dims = (n_in, n_out)``): `oprules.linear` in
+    the workload's dtype, and under fp8 (`memory.te_fp8`) its three GEMMs in fp8 plus TE's
+    casts (TE 1.x, transformer_engine/pytorch/module/linear.py ``_Linear``,
+    layernorm_linear.py ``_LayerNormLinear``, base.py ``grad_output_preprocess``):
+
+    * forward: ``Linear`` (the projection, fc2, the experts' GroupedLinear) casts its bf16
+      input, with its transpose for the weight gradient when training (``cast_transpose``,
+      else ``cast``); ``LayerNormLinear`` (``fused_norm``: QKV, a dense layer's fc1; Megatron
+      core's TELayerNormColumnParallelLinear) none, its norm kernel writes fp8 directly (that
+      norm stays priced as the bf16 one, one byte an element over: a kernel has one dtype,
+      and a rows-scaled stand-in would escape `stagecost`'s sequence-parallel row split);
+    * backward: the output gradient's ``cast_transpose`` (fp8 ``dy`` for dgrad, ``dy^T`` for
+      wgrad; the bias gradient fused in: no separate bias reduction), and for
+      ``LayerNormLinear`` the ``transpose`` of its saved fp8 input for wgrad.
+
+    Under sequence parallelism TE 1.x casts a row-parallel ``dy`` on the local rows and
+    transposes it once gathered (3 / tp + 2 bytes an element of ``(T, h)``, against the 4 / tp
+    that `stagecost`'s row split makes of this ``(T, h)`` cast-transpose), and a ``Linear``
+    casts its input forward and transposes it backward (5 bytes, not 4). The GEMMs come first
+    in ``fw`` and ``bw`` (dgrad, wgrad: `stagecost` reads them there). The weights' casts run
+    once a step (``is_first_microbatch``), not per pass: not listed here."""
+    if not te_fp8(dtype, "megatron"):
+        return r.linear(name, rows, dims, dtype, bias=bias)
+    n_in, n_out = dims
+    gemms = r.linear(name, rows, dims, Dtype.FP8, bias=bias)
+    cast = "cast_transpose" if train else "cast"
+    fw = () if fused_norm else (fp8_cast(cast, rows, n_in),)
+    bw = [fp8_cast("cast_transpose", rows, n_out)]
+    if fused_norm:
+        bw.append(fp8_cast("transpose", rows, n_in))
+    return replace(gemms, fw=(*gemms.fw, *fw), bw=(*gemms.bw[:2], *bw))
 
 
 def flash_attention(z: Sizes, *, causal: bool = True) -> FrameworkOp:
@@ -83,71 +157,95 @@ def _norm(name: str, m: ModelSpec, z: Sizes) -> FrameworkOp:
     return replace(op, params=op.params[:1]) if m.norm == "rmsnorm" else op
 
 
-def _ffn(m: ModelSpec, z: Sizes, rows: int) -> list[FrameworkOp]:
-    bias = m.bias
+def _ffn(m: ModelSpec, z: Sizes, rows: int, *, train: bool, moe: bool = False) -> list[FrameworkOp]:
+    """The MLP on ``rows`` tokens: TE linears (fc1 fused with the post-norm in a dense layer,
+    Megatron-core's TELayerNormColumnParallelLinear; an expert's fc1 a plain TE linear after
+    the MoE layer's own norm and router) around the fused activation function."""
+    bias, act_dt = m.bias, activation_dtype(z.dt)
+
+    def lin(name: str, dims: tuple[int, int], *, first: bool) -> FrameworkOp:
+        fused = first and not moe
+        return te_linear(name, rows, dims, z.dt, bias=bias, fused_norm=fused, train=train)
+
     if m.activation == "swiglu":
         return [
-            r.linear("fc_gate_up", rows, (z.H, 2 * z.F), z.dt, bias=bias),
-            r.elementwise("swiglu", "mul", (rows, z.F), z.dt),
-            r.linear("fc_down", rows, (z.F, z.H), z.dt, bias=bias),
+            lin("fc_gate_up", (z.H, 2 * z.F), first=True),
+            r.elementwise("swiglu", "mul", (rows, z.F), act_dt),
+            lin("fc_down", (z.F, z.H), first=False),
         ]
     act = "relu" if m.activation == "relu" else "gelu"
     return [
-        r.linear("fc1", rows, (z.H, z.F), z.dt, bias=bias),
-        r.elementwise(f"bias_{act}", act, (rows, z.F), z.dt),
-        r.linear("fc2", rows, (z.F, z.H), z.dt, bias=bias),
+        lin("fc1", (z.H, z.F), first=True),
+        r.elementwise(f"bias_{act}", act, (rows, z.F), act_dt),
+        lin("fc2", (z.F, z.H), first=False),
+    ]
+
+
+def _moe_ffn(m: ModelSpec, z: Sizes, *, train: bool) -> list[FrameworkOp]:
+    """A MoE layer's MLP: router and token permutes (bf16: no TE module), then the experts."""
+    # Megatron-core caps each expert at ceil(f * local tokens * k / E) (router's
+    # topk_softmax_with_capacity, capacity_factor f): proportional to a micro-batch's
+    # tokens, i.e. a per-sequence cap (`ModelSpec.expert_capacity` = f s k / E) once per
+    # sequence of the micro-batch; under cp `stagecost.shard_model` scales it to s / cp
+    rows = m.expert_rows(z.T, z.B)
+    dt = activation_dtype(z.dt)
+    routed = (z.T * m.experts_per_token, z.H)
+    return [
+        r.linear("router", z.T, (z.H, m.num_experts), dt, bias=False),
+        r.memory("permute", "copy", routed, dt, bw_op="copy"),
+        *(_ffn(m, z, rows, train=train, moe=True) * m.routed_experts(z.T)),
+        r.memory("unpermute", "copy", routed, dt, bw_op="copy"),
+    ]
+
+
+def _layer(m: ModelSpec, run: Workload, z: Sizes) -> list[FrameworkOp]:
+    """One transformer layer: TE linears in the workload's dtype, the rest in `a.dt`."""
+    a = replace(z, dt=activation_dtype(z.dt))
+    train = run.mode == "train"
+    qkv = (z.nh + 2 * z.kv) * z.d
+    moe = m.num_experts > 1
+    ffn = _moe_ffn(m, z, train=train) if moe else _ffn(m, z, z.T, train=train)
+    kv_shape = (z.T, 2 * z.kv * z.d)  # in the dtype attention reads it in (bf16 for fp8)
+    causal = m.architecture != "bert"  # BERT's encoder attends both ways
+    flash = [flash_attention(a, causal=causal)]
+    attention = flash if run.attention == "flash" else unfused_attention(a)
+    qkv_op = te_linear("qkv", z.T, (z.H, qkv), z.dt, bias=m.bias, fused_norm=True, train=train)
+    proj = te_linear("proj", z.T, (z.nh * z.d, z.H), z.dt, bias=m.bias, train=train)
+    return [
+        _norm("input_norm", m, a),
+        qkv_op,
+        # a static KV cache (Megatron's inference): the pass's K and V written into it
+        *([r.memory("kv_cache_write", "copy", kv_shape, run.kv_dtype)] if z.cache else []),
+        *attention,
+        proj,
+        r.elementwise("bias_dropout_add", "add", (z.T, z.H), a.dt),
+        _norm("post_norm", m, a),
+        *ffn,
+        r.elementwise("bias_dropout_add_2", "add", (z.T, z.H), a.dt),
     ]
 
 
 def decoder(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
-    """Embedding, ``num_layers`` fused layers, final norm and output head."""
+    """Embedding, ``num_layers`` fused layers, final norm and output head (under fp8 all but
+    the layers' TE linears in bf16: module docstring)."""
     z = sizes(m, run)
-    qkv = (z.nh + 2 * z.kv) * z.d
-    ffn = _ffn(m, z, z.T)
-    if m.num_experts > 1:
-        # Megatron-core caps each expert at ceil(f * local tokens * k / E) (router's
-        # topk_softmax_with_capacity, capacity_factor f): proportional to a micro-batch's
-        # tokens, i.e. a per-sequence cap (`ModelSpec.expert_capacity` = f s k / E) once per
-        # sequence of the micro-batch; under cp `stagecost.shard_model` scales it to s / cp
-        rows = m.expert_rows(z.T, z.B)
-        ffn = [
-            r.linear("router", z.T, (z.H, m.num_experts), z.dt, bias=False),
-            r.memory("permute", "copy", (z.T * m.experts_per_token, z.H), z.dt, bw_op="copy"),
-            *(_ffn(m, z, rows) * m.routed_experts(z.T)),
-            r.memory("unpermute", "copy", (z.T * m.experts_per_token, z.H), z.dt, bw_op="copy"),
-        ]
-    kv_shape = (z.T, 2 * z.kv * z.d)  # in the dtype attention reads it in (bf16 for fp8)
-    causal = m.architecture != "bert"  # BERT's encoder attends both ways
-    flash = [flash_attention(z, causal=causal)]
-    attention = flash if run.attention == "flash" else unfused_attention(z)
-    layer = [
-        _norm("input_norm", m, z),
-        r.linear("qkv", z.T, (z.H, qkv), z.dt, bias=m.bias),
-        # a static KV cache (Megatron's inference): the pass's K and V written into it
-        *([r.memory("kv_cache_write", "copy", kv_shape, run.kv_dtype)] if z.cache else []),
-        *attention,
-        r.linear("proj", z.T, (z.nh * z.d, z.H), z.dt, bias=m.bias),
-        r.elementwise("bias_dropout_add", "add", (z.T, z.H), z.dt),
-        _norm("post_norm", m, z),
-        *ffn,
-        r.elementwise("bias_dropout_add_2", "add", (z.T, z.H), z.dt),
-    ]
+    a = replace(z, dt=activation_dtype(z.dt))
     e = m.embed_width  # OPT's word_embed_proj_dim: projected to and from the hidden size
-    embed = [r.embedding("tokens", z.T, (z.V, e), z.dt)]
-    head = [_norm("final_norm", m, z)]
+    embed = [r.embedding("tokens", z.T, (z.V, e), a.dt)]
+    head = [_norm("final_norm", m, a)]
     if e != z.H:
-        embed.append(r.linear("project_in", z.T, (e, z.H), z.dt, bias=False))
-        head.append(r.linear("project_out", z.T, (z.H, e), z.dt, bias=False))
+        embed.append(r.linear("project_in", z.T, (e, z.H), a.dt, bias=False))
+        head.append(r.linear("project_out", z.T, (z.H, e), a.dt, bias=False))
     if m.position == "learned":  # GPT/BERT/OPT: word + position embeddings (rotary: none)
         embed += [
-            r.embedding("positions", z.S, (m.max_positions, z.H), z.dt),
-            r.elementwise("add_positions", "add", (z.T, z.H), z.dt),
+            r.embedding("positions", z.S, (m.max_positions, z.H), a.dt),
+            r.elementwise("add_positions", "add", (z.T, z.H), a.dt),
         ]
-    output = r.linear("output", z.logit_rows, (e, z.V), z.dt, bias=False)
+    output = r.linear("output", z.logit_rows, (e, z.V), a.dt, bias=False)
     head.append(r.tie(output, m.tied_embeddings))
     return (
         Block("embed", tuple(embed)),
-        Block("layer", tuple(layer), m.num_layers),
+        Block("layer", tuple(_layer(m, run, z)), m.num_layers),
         Block("head", tuple(head)),
     )
 
