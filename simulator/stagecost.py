@@ -4,8 +4,9 @@ A shard is the model as one GPU of a TP x CP x EP group sees it: heads, KV heads
 and vocabulary divided by ``tp``, the sequence by ``cp``, experts by ``ep``; the op inventory
 (`opgraph.inventory`) then lists its kernels for one micro-batch. Rules applied on top:
 
-* sequence parallelism: the row-wise ops over ``(tokens, hidden)`` (norms, dropout-add) run on
-  ``tokens / tp`` rows, and so do a MoE layer's router and token permutes (``megatron``);
+* sequence parallelism: the row-wise ops over ``(tokens, hidden)`` that tensor parallelism
+  leaves whole (norms, dropout-add; `sequence_parallel_block`) run on ``tokens / tp`` rows, and
+  so do a MoE layer's router and token permutes (``megatron``);
 * context parallelism: the attention core runs ``cp`` ring steps of ``(S/cp) x (S/cp)``
   blocks; causal, TransformerEngine's load-balanced ring (``AttnFuncWithCPAndKVP2P``: rank
   ``r`` holds chunks ``r`` and ``2cp - 1 - r`` of ``2cp``) runs step 0 causal over its own
@@ -28,7 +29,7 @@ and vocabulary divided by ``tp``, the sequence by ``cp``, experts by ``ep``; the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from forecast.kernels import (
     ATTENTION_BACKWARD_OPS,
@@ -159,9 +160,17 @@ def shard_model(model: ModelSpec, run: RunConfig) -> ModelSpec:
     )
 
 
-def _sp_kernel(k: KernelSpec, tokens: int, hidden: int, tp: int) -> KernelSpec:
+def _sp_kernel(k: KernelSpec, whole: KernelSpec, tokens: int, hidden: int, tp: int) -> KernelSpec:
+    """``k`` on ``tokens / tp`` rows where it is a row-wise kernel over ``(tokens, hidden)``
+    that tensor parallelism leaves whole (``whole``: the same kernel of the unsplit model)."""
     rows = {tokens, tokens * 3 // 2, tokens // 2}
-    if k.family in ROW_FAMILIES and len(k.dims) == 2 and k.dims[1] == hidden and k.dims[0] in rows:
+    if (
+        k == whole
+        and k.family in ROW_FAMILIES
+        and len(k.dims) == 2
+        and k.dims[1] == hidden
+        and k.dims[0] in rows
+    ):
         return KernelSpec(k.family, (max(1, k.dims[0] // tp), hidden), k.dtype, k.op)
     return k
 
@@ -191,23 +200,34 @@ def _own_tokens(fop: FrameworkOp, tp: int) -> FrameworkOp:
     return r.memory(fop.name, k.op, (max(1, rows // tp), h), k.dtype, bw_op=bw_op)
 
 
-def _block_kernels(
-    block: Block, w: Workload, run: RunConfig, *, backward: bool, only: frozenset[str] = frozenset()
-) -> Counted:
-    sp = run.sequence_parallel and run.tp > 1
-    hidden = _hidden_of(block) if sp else -1
+def sequence_parallel_block(block: Block, whole: Block, w: Workload, tp: int) -> Block:
+    """A TP shard's ``block`` under sequence parallelism: its row-wise kernels over ``(tokens,
+    h)`` that tensor parallelism leaves whole (equal in the unsplit model's ``whole`` block:
+    norms, dropout-adds, a row-parallel linear's bias gradient) on ``tokens / tp`` rows, and a
+    MoE layer's router and permutes on its own tokens (``megatron``). By shape alone, an FFN
+    activation of ``F / tp = h`` columns (GPT at tp 4) passed for a norm's input and was split
+    a second time; comparing with ``whole`` tells them apart."""
+    if [f.name for f in block.ops] != [f.name for f in whole.ops]:
+        raise ValueError(f"{block.name}: the TP shard's ops differ from the unsplit model's")
+    hidden = _hidden_of(block)
+
+    def split(ks: tuple[KernelSpec, ...], wks: tuple[KernelSpec, ...]) -> tuple[KernelSpec, ...]:
+        return tuple(_sp_kernel(k, o, w.tokens, hidden, tp) for k, o in zip(ks, wks, strict=True))
+
+    ops = [
+        _own_tokens(fop, tp)
+        if w.framework == "megatron" and fop.name in MOE_LOCAL_OPS
+        else replace(fop, fw=split(fop.fw, one.fw), bw=split(fop.bw, one.bw))
+        for fop, one in zip(block.ops, whole.ops, strict=True)
+    ]
+    return replace(block, ops=tuple(ops))
+
+
+def _block_kernels(block: Block, w: Workload, *, backward: bool, only: frozenset[str]) -> Counted:
+    """``block``'s kernels of one phase (of its ops named ``only``, if given)."""
     ks: list[KernelSpec] = []
     for fop in block.ops:
-        if only and fop.name not in only:
-            continue
-        if sp and w.framework == "megatron" and fop.name in MOE_LOCAL_OPS:
-            ks += _expand(_own_tokens(fop, run.tp), w.dtype, backward=backward)
-        elif sp:
-            ks += [
-                _sp_kernel(k, w.tokens, hidden, run.tp)
-                for k in _expand(fop, w.dtype, backward=backward)
-            ]
-        else:
+        if not only or fop.name in only:
             ks += _expand(fop, w.dtype, backward=backward)
     return tuple((k, 1) for k in ks)
 
@@ -293,17 +313,29 @@ def shard_kernels(inputs: SimInputs, run: RunConfig) -> ShardKernels:
     if inputs.framework == "megatron":
         z = sizes(shard, w)
         head = _with_loss(head, z)
-    attention_fw = _block_kernels(layer, w, run, backward=False, only=ATTENTION_OPS)
-    attention_bw = _block_kernels(layer, w, run, backward=True, only=ATTENTION_OPS)
+    if run.sequence_parallel and run.tp > 1:
+        unsplit = shard_model(inputs.model, run.model_copy(update={"tp": 1}))
+        whole = {b.name: b for b in inventory(unsplit, w)}
+        if inputs.framework == "megatron":
+            whole["head"] = _with_loss(whole["head"], sizes(unsplit, w))
+        embed, layer, head = (
+            sequence_parallel_block(b, whole[b.name], w, run.tp) for b in (embed, layer, head)
+        )
+
+    def kernels(block: Block, *, backward: bool, only: frozenset[str] = frozenset()) -> Counted:
+        return _block_kernels(block, w, backward=backward, only=only)
+
+    attention_fw = kernels(layer, backward=False, only=ATTENTION_OPS)
+    attention_bw = kernels(layer, backward=True, only=ATTENTION_OPS)
     return ShardKernels(
-        embed_fw=_block_kernels(embed, w, run, backward=False),
-        embed_bw=_block_kernels(embed, w, run, backward=True),
-        layer_fw=_block_kernels(layer, w, run, backward=False),
-        layer_bw=_block_kernels(layer, w, run, backward=True),
+        embed_fw=kernels(embed, backward=False),
+        embed_bw=kernels(embed, backward=True),
+        layer_fw=kernels(layer, backward=False),
+        layer_bw=kernels(layer, backward=True),
         attention_fw=attention_fw,
         attention_bw=attention_bw,
-        head_fw=_block_kernels(head, w, run, backward=False),
-        head_bw=_block_kernels(head, w, run, backward=True),
+        head_fw=kernels(head, backward=False),
+        head_bw=kernels(head, backward=True),
         col_dgrad=_column_gemms(layer, w, wgrad=False),
         col_wgrad=_column_gemms(layer, w, wgrad=True),
         optimizer_bytes_per_param=OPTIMIZER_BYTES_PER_PARAM[inputs.dtype],
