@@ -57,13 +57,26 @@ def _add_kernels(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 def _add_topologies(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("collective", help="predict one collective on a cluster")
     p.add_argument("--op", required=True, help="all-reduce, all-gather, reduce-scatter, ...")
-    p.add_argument("--bytes", type=float, required=True, help="size S as nccl-tests defines it")
     p.add_argument(
-        "--gpus", type=int, required=True, help="ranks 0..gpus-1, at least 2; nodes = ceil"
+        "--bytes",
+        type=float,
+        required=True,
+        help="message size S in bytes as nccl-tests defines it (e.g. 1e9), 1 to 2^50",
+    )
+    p.add_argument(
+        "--gpus",
+        type=int,
+        required=True,
+        help="ranks 0..gpus-1, at least 2, filling ceil(gpus / GPUs per server) servers",
     )
     p.add_argument("--cluster", required=True, help="server id (tilesim list servers)")
     p.add_argument("--network", default=None, help="network id; default: the server's NICs")
-    p.add_argument("--algorithm", default="auto", help="auto|ring|tree|nvls|hierarchical|direct")
+    p.add_argument(
+        "--algorithm",
+        default="auto",
+        help="auto (default: the fastest, as NCCL's tuner picks) | ring | tree | nvls | "
+        "hierarchical | direct",
+    )
     p.add_argument(
         "--degrade",
         action="append",
@@ -71,7 +84,12 @@ def _add_topologies(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="TIER:NODE:GPU:SCALE",
         help="scale a link, e.g. inter:0:3:0.5 (NIC of node 0 GPU 3 at half rate; * = all)",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: time_s, algbw_GBps, busbw_GBps (GB/s = 1e9 bytes/s), "
+        "algorithm",
+    )
     p.set_defaults(handler=_collective)
     p = sub.add_parser(
         "list", help="print a catalog (gpus, servers, networks, models, scenarios) or the keys"
@@ -80,12 +98,20 @@ def _add_topologies(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(handler=_list)
     p = sub.add_parser("collective-plot", help="predicted vs measured all-reduce busbw figure")
     p.add_argument("--data", type=path_arg, required=True, help="shared/data/hardware folder")
-    p.add_argument("--out", type=path_arg, default=Path("busbw.png"), help="PNG to write")
+    p.add_argument(
+        "--out",
+        type=path_arg,
+        default=Path("busbw.png"),
+        help="figure to write, PNG, PDF or SVG by its suffix (default: busbw.png)",
+    )
     p.set_defaults(handler=_collective_plot)
     p = sub.add_parser("collective-check", help="measured vs predicted all-reduce busbw table")
     p.add_argument("--data", type=path_arg, required=True, help="shared/data/hardware folder")
     p.add_argument(
-        "--min-bytes", type=float, default=2**20, help="smallest size shown (a finite number)"
+        "--min-bytes",
+        type=float,
+        default=2**20,
+        help="smallest message size shown, in bytes (default: 1048576, 1 MiB)",
     )
     p.set_defaults(handler=_collective_check)
 

@@ -2,7 +2,7 @@
 
 Left: our forecast against each run's measured time. Right: each run's own per-op trace,
 summed, against the same measured time: how close an exact op-by-op forecast could come.
-One colour per GPU, circles for inference, triangles for training; the band is +-12%.
+One colour per GPU, circles for inference, triangles for training; the band is ±12%.
 """
 
 from __future__ import annotations
@@ -54,5 +54,5 @@ def plot_e2e(runs: list[PreparedRun], out: Path) -> Path:
         ax.set_ylim(lo, hi)
     axes[0].set_ylabel("predicted or summed (ms)")
     axes[1].legend(fontsize=7, loc="upper left", ncol=2)
-    fig.suptitle("Whole models on one GPU against the NeuSight labels (dashed: +-12%)")
+    fig.suptitle("Whole models on one GPU against the NeuSight labels (dashed: ±12%)")
     return save_figure(fig, out)

@@ -14,16 +14,40 @@ from typing import Any
 from forecast.dataset import DataError, default_data_dir, load_measurements
 from forecast.evaluate import NO_ROWS, neusight_test_rows, score, unseen_errors, validate
 from forecast.files import write_text_atomic
-from forecast.gpus import load_gpu
-from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, OpFamily, resolve_op
+from forecast.gpus import GPUError, load_gpu
+from forecast.kernels import FAMILY_OPS, GEMM_FAMILIES, Dtype, KernelSpec, OpFamily, resolve_op
 from forecast.predict import LATENCY_MODELS, WEIGHTS_DIR, ModelError, load_latency_model
-from forecast.report import ReportError, update_readme, validation_markdown
+from forecast.report import (
+    TABLE_CAPTION,
+    ReportError,
+    eval_lines,
+    kernel_header,
+    kernel_lines,
+    update_readme,
+    validation_markdown,
+)
 from forecast.tensor_core import TensorCoreError
 from simulator.collect_commands import add_collect_commands, check_dims, gemm_kernel
 from simulator.errors import ConfigError, cannot_write_in, path_arg
 
 KERNEL_ERRORS: tuple[type[Exception], ...] = (DataError, ModelError, TensorCoreError, ReportError)
 VALIDATION_FILE = WEIGHTS_DIR / "validation.json"
+DATA_HELP = f"NeuSight data folder (default: {default_data_dir()})"
+MODEL_HELP = (
+    "auto (default: tile-mlp for fp32, the tensor-core model for tf32/fp16/bf16/fp8 matmuls "
+    "and attention, a bandwidth model for their other kernels), tile-mlp (fp32 only), "
+    "roofline or tensor-core"
+)
+
+
+def _op_help() -> str:
+    """Every --op name, by family (the list the error for an unknown op prints)."""
+    ops = {f: ", ".join(names) for f, names in FAMILY_OPS.items()}
+    return (
+        f"gemm; {ops[OpFamily.BMM]}; {ops[OpFamily.LINEAR]}; {ops[OpFamily.ATTENTION]}; "
+        f"softmax; layernorm (ln); element-wise: {ops[OpFamily.ELEMENTWISE]}; "
+        f"memory: {ops[OpFamily.MEMORY]}; a family name means its first op"
+    )
 
 
 def add_kernel_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,54 +61,81 @@ def add_kernel_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 
     q = ks.add_parser("predict", help="latency of one kernel on one GPU")
     q.add_argument("--gpu", required=True, help="catalog id, device name, .toml or NeuSight .json")
-    q.add_argument(
-        "--op",
-        required=True,
-        help="gemm, bmm, linear, attention, attention_bwd, attention_causal, "
-        "attention_causal_bwd, add, gelu, softmax, ln, copy, ...",
-    )
+    q.add_argument("--op", required=True, help=_op_help())
     q.add_argument(
         "--dims",
         required=True,
         help="M,N,K for gemm (K the reduction); B,M,N,K for bmm/linear (N the reduction); "
         "BH,S_q,S_kv,D for attention (flash attention 2: attention, attention_bwd non-causal; "
         "attention_causal, attention_causal_bwd causal, the mask aligned bottom right); "
-        "B,H for vector ops",
+        "B,H (rows, row width) for element-wise, softmax, layernorm and memory ops; "
+        "sizes in elements",
     )
     q.add_argument(
         "--dtype",
         default="fp32",
-        help="fp32, tf32, fp16, bf16 or fp8; the GPU must have a catalog peak for it",
+        help="fp32 (default), tf32, fp16, bf16 or fp8; the GPU must have a catalog peak for it "
+        "(fp8: Ada, Hopper, Blackwell, MI300 only)",
     )
-    q.add_argument("--model", default="auto", help=f"one of {', '.join(LATENCY_MODELS)}")
-    q.add_argument("--json", action="store_true", help="print one JSON object")
+    q.add_argument("--model", default="auto", help=MODEL_HELP)
+    q.add_argument(
+        "--json", action="store_true", help="print one JSON object: latency_s, tflops (TFLOP/s)"
+    )
     q.set_defaults(handler=_predict)
     add_collect_commands(ks)
 
     e = ks.add_parser("eval", help="score measurement CSVs (NeuSight schema), per family")
     e.add_argument("--csv", nargs="+", required=True, type=path_arg, help=".csv or .csv.gz files")
-    e.add_argument("--model", default="tile-mlp", help=f"one of {', '.join(LATENCY_MODELS)}")
-    e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.add_argument(
+        "--model",
+        default="tile-mlp",
+        help=f"one of {', '.join(LATENCY_MODELS)} (default: tile-mlp, as the README's table)",
+    )
+    e.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: per family n, mape_pct, median_ape_pct, p90_ape_pct; skipped",
+    )
     e.set_defaults(handler=_eval)
 
     t = ks.add_parser("train", help="train the tile-MLP on the five NeuSight training GPUs")
-    t.add_argument("--data", type=path_arg, default=None, help="NeuSight data folder")
-    t.add_argument("--out", type=path_arg, default=WEIGHTS_DIR, help="weights folder to write")
+    t.add_argument("--data", type=path_arg, default=None, help=DATA_HELP)
+    t.add_argument(
+        "--out",
+        type=path_arg,
+        default=WEIGHTS_DIR,
+        help=f"weights folder to write (default: {WEIGHTS_DIR}, the shipped weights)",
+    )
     t.set_defaults(handler=_train)
 
     v = ks.add_parser("validate", help="unseen-GPU and leave-one-GPU-out errors vs roofline")
-    v.add_argument("--data", type=path_arg, default=None, help="NeuSight data folder")
-    v.add_argument("--out", type=path_arg, default=VALIDATION_FILE, help="JSON report to write")
+    v.add_argument("--data", type=path_arg, default=None, help=DATA_HELP)
+    v.add_argument(
+        "--out",
+        type=path_arg,
+        default=VALIDATION_FILE,
+        help=f"JSON report to write (default: {VALIDATION_FILE}, what `kernels table` reads)",
+    )
     v.add_argument("--no-logo", action="store_true", help="skip leave-one-GPU-out (5 retrains)")
     v.set_defaults(handler=_validate)
 
     pl = ks.add_parser("plot", help="figure: predicted vs measured on GPUs absent from training")
-    pl.add_argument("--data", type=path_arg, default=None, help="NeuSight data folder")
-    pl.add_argument("--out", type=path_arg, default=Path("kernels.png"), help="PNG to write")
+    pl.add_argument("--data", type=path_arg, default=None, help=DATA_HELP)
+    pl.add_argument(
+        "--out",
+        type=path_arg,
+        default=Path("kernels.png"),
+        help="figure to write, PNG, PDF or SVG by its suffix (default: kernels.png)",
+    )
     pl.set_defaults(handler=_plot)
 
     tb = ks.add_parser("table", help="print the validation table; --readme rewrites it in place")
-    tb.add_argument("--report", type=path_arg, default=VALIDATION_FILE, help="validation JSON")
+    tb.add_argument(
+        "--report",
+        type=path_arg,
+        default=VALIDATION_FILE,
+        help=f"validation JSON of `kernels validate` (default: {VALIDATION_FILE})",
+    )
     tb.add_argument("--readme", type=path_arg, default=None, help="README to update in place")
     tb.set_defaults(handler=_table)
 
@@ -153,13 +204,18 @@ def _model(kind: str) -> Any:
 def _predict(args: argparse.Namespace) -> int:
     kernel = _kernel(args)
     gpu = load_gpu(args.gpu)
-    latency_s = float(_model(args.model).predict_s([kernel], gpu)[0])
+    model = _model(args.model)
+    try:
+        latency_s = float(model.predict_s([kernel], gpu)[0])
+    except (GPUError, TensorCoreError) as e:  # "dtype fp8: ..." names the flag the user set
+        if str(e).startswith(("dtype ", "op ")):
+            raise ConfigError(f"--{e}") from e
+        raise
     if args.json:
         print(json.dumps({"latency_s": latency_s, "tflops": kernel.flops() / latency_s / 1e12}))
-    else:
-        print(
-            f"{kernel.op} {kernel.dims} {kernel.dtype.value} on {gpu.id}: {latency_s * 1e3:.4f} ms"
-        )
+        return 0
+    print(kernel_header(kernel, gpu, gemm_dims=args.dims if args.op == "gemm" else None))
+    print("\n".join(f"  {line}" for line in kernel_lines(kernel, gpu, model, latency_s)))
     return 0
 
 
@@ -167,7 +223,8 @@ EVAL_FAMILIES = ("bmm", "linear", "elementwise", "softmax", "layernorm")
 
 
 def _eval(args: argparse.Namespace) -> int:
-    scored = score(_model(args.model), load_measurements(args.csv))
+    meas = load_measurements(args.csv)
+    scored = score(_model(args.model), meas)
     # the five NeuSight families always (n 0 and nulls when the CSVs hold none of a family, so
     # a script reads the same keys whatever it passed), then any other family scored
     result = {f: scored.get(f, NO_ROWS) for f in EVAL_FAMILIES} | scored
@@ -185,13 +242,7 @@ def _eval(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
         return 0
-    for fam, s in result.items():
-        if fam != "skipped" and s["n"]:
-            mape, med = s["mape_pct"], s["median_ape_pct"]
-            print(f"{fam:12} n={s['n']:6d}  MAPE {mape:6.2f}%  median {med:6.2f}%")
-        elif fam != "skipped":
-            print(f"{fam:12} n=     0  (no rows of this family)")
-    print(f"skipped rows: {len(result['skipped'])}")
+    print("\n".join(eval_lines(args.model, meas, result)))
     return 0
 
 
@@ -247,6 +298,7 @@ def _table(args: argparse.Namespace) -> int:
     except ReportError as e:
         raise ConfigError(f"--report {args.report}: {e}; run `tilesim kernels validate`") from e
     if args.readme is None:
+        print(TABLE_CAPTION)
         print(table)
         return 0
     update_readme(args.readme, table)

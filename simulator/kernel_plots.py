@@ -16,16 +16,22 @@ from forecast.evaluate import predict_rows
 from forecast.predict import LatencyModel
 from simulator.figures import save_figure
 
+MARKERS = {"tile-mlp": "o", "roofline": "x"}  # one marker per model
+
 
 def plot_predicted_vs_measured(
     models: dict[str, LatencyModel], meas: Measurements, out: Path
 ) -> Path:
-    """One panel per family: measured vs predicted seconds, one colour per (model, device)."""
+    """One panel per family: measured vs predicted latency (ms, log-log), one marker per model
+    and one colour per (model, GPU), the same in every panel; each legend entry carries its
+    mean absolute percentage error."""
     frames = {name: predict_rows(m, meas)[0] for name, m in models.items()}
     families = sorted(set(meas.frame["family"]))
+    series = [(n, str(d)) for n, f in frames.items() for d in sorted(set(f["Device"]))]
+    colours = {key: plt.get_cmap("tab10")(i % 10) for i, key in enumerate(series)}
     cols = min(3, len(families))
     rows_n = -(-len(families) // cols)
-    fig, axes = plt.subplots(rows_n, cols, figsize=(5 * cols, 4.6 * rows_n), squeeze=False)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(5.2 * cols, 4.8 * rows_n), squeeze=False)
     for ax in axes.flat[len(families) :]:
         ax.set_axis_off()
     for ax, family in zip(axes.flat, families, strict=False):
@@ -36,20 +42,24 @@ def plot_predicted_vs_measured(
                 true_ms = part["latency_s"].to_numpy() * 1e3
                 pred_ms = part["pred_s"].to_numpy() * 1e3
                 mape = float(np.mean(np.abs(pred_ms / true_ms - 1)) * 100)
-                marker = "o" if name == "tile-mlp" else "x"
                 ax.scatter(
                     true_ms,
                     pred_ms,
-                    s=6,
-                    marker=marker,
+                    s=8,
+                    marker=MARKERS.get(name, "s"),
+                    color=colours[(name, str(device))],
                     alpha=0.5,
-                    label=f"{name} {device} ({mape:.0f}%)",
+                    label=f"{name}, {device}: {mape:.0f}%",
                 )
                 lo = min(lo, true_ms.min(), pred_ms.min())
                 hi = max(hi, true_ms.max(), pred_ms.max())
-        ax.plot([lo, hi], [lo, hi], color="black", lw=0.8)
-        ax.set(xscale="log", yscale="log", title=family, xlabel="measured (ms)")
-        ax.set_ylabel("predicted (ms)")
-        ax.legend(fontsize=6, loc="upper left")
-    fig.suptitle("Kernel forecasts on GPUs absent from training (MAPE in brackets)")
+        ax.plot([lo, hi], [lo, hi], color="black", lw=0.8, label="predicted = measured")
+        ax.set(xscale="log", yscale="log", title=family)
+        ax.set_xlabel("measured latency (ms)")
+        ax.set_ylabel("predicted latency (ms)")
+        ax.legend(fontsize=7, loc="upper left", markerscale=1.8, framealpha=0.9)
+    fig.suptitle(
+        "Kernel latency on GPUs absent from training (legend: mean absolute % error; "
+        "o tile-mlp, x roofline)"
+    )
     return save_figure(fig, out, dpi=120)

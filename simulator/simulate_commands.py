@@ -11,7 +11,7 @@ import typing
 from pathlib import Path
 
 from forecast.files import write_atomic
-from forecast.report import check_readme, update_readme
+from forecast.report import check_readme, duration_text, update_readme
 from simulator.dist_validate import (
     LABEL_GPU,
     PUBLISHED,
@@ -22,7 +22,9 @@ from simulator.dist_validate import (
 )
 from simulator.errors import ConfigError, cannot_write_in, path_arg
 from simulator.models import DEFAULT_DATA_DIR
-from simulator.scenario import TrainingSection, check_tokens, load_scenario, resolve
+from simulator.parallel import RunConfig
+from simulator.results import StepResult
+from simulator.scenario import SimInputs, TrainingSection, check_tokens, load_scenario, resolve
 from simulator.simulate import latency_table, layout_of, simulate_timeline
 from simulator.space import check_sweep, find_scenario
 from simulator.trace import write_trace
@@ -42,8 +44,17 @@ def add_simulate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
         metavar="TABLE.KEY=VALUE",
         help="override one key, e.g. run.tp=8 (repeatable; values in TOML syntax)",
     )
-    p.add_argument("--trace", type=path_arg, help="write a Chrome/Perfetto trace of the step here")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--trace",
+        type=path_arg,
+        help="write the step's timeline here as Chrome trace JSON (one process per pipeline "
+        "stage, times in us; open in ui.perfetto.dev or chrome://tracing)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (SI units: seconds, memory in GiB per GPU)",
+    )
     p.set_defaults(handler=_simulate)
 
 
@@ -58,8 +69,18 @@ def add_validate_distributed(vs: argparse._SubParsersAction[argparse.ArgumentPar
     )
     d.add_argument("--labels-only", action="store_true", help="skip the published runs")
     d.add_argument("--readme", type=path_arg, default=None, help="rewrite the README's table")
-    d.add_argument("--data", type=path_arg, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
-    d.add_argument("--published", type=path_arg, default=PUBLISHED, help="published runs (JSON)")
+    d.add_argument(
+        "--data",
+        type=path_arg,
+        default=DEFAULT_DATA_DIR,
+        help=f"NeuSight data folder (default: {DEFAULT_DATA_DIR})",
+    )
+    d.add_argument(
+        "--published",
+        type=path_arg,
+        default=PUBLISHED,
+        help=f"published runs, JSON (default: {PUBLISHED})",
+    )
     d.set_defaults(handler=_validate_distributed)
 
 
@@ -83,15 +104,34 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_row()))
         return 0
-    comm = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in result.exposed_comm_s.items() if v > 0)
-    print(
-        f"step {result.iteration_s:.4g} s (fw+bw {result.forward_backward_s:.4g} s, optimizer "
-        f"{result.optimizer_s * 1e3:.3g} ms), {result.model_tflops_per_gpu:.1f} model / "
-        f"{result.hardware_tflops_per_gpu:.1f} hw TFLOP/s per GPU, MFU {result.mfu:.1%}, "
-        f"bubble {result.bubble_fraction:.1%}, exposed comm ms: {comm or 'none'}; memory "
-        f"{result.memory_gib_per_gpu:.1f} GiB, fits={result.fits} {result.reason}".rstrip()
-    )
+    print("\n".join(step_lines(inputs, scenario.run, result)))
     return 0
+
+
+def step_lines(inputs: SimInputs, run: RunConfig, result: StepResult) -> list[str]:
+    """What ``tilesim simulate`` prints: the layout simulated, then the step, its speed, the
+    pipeline bubble, the exposed communication and the memory, each with its unit."""
+    comm = ", ".join(f"{k} {duration_text(v)}" for k, v in result.exposed_comm_s.items() if v > 0)
+    hbm = f"{inputs.gpu.hbm_bytes / 2**30:.1f} GiB of GPU memory"
+    fits = f"fits in its {hbm}" if result.fits else f"does NOT fit in its {hbm}: {result.reason}"
+    chunks = f" x {run.virtual_stages} chunks" if run.virtual_stages > 1 else ""
+    return [
+        f"{inputs.name} on {inputs.num_gpus:,} x {inputs.gpu.id}, "
+        f"{inputs.dtype.value}; tp {run.tp}, pp {run.pp}{chunks}, dp {result.dp}"
+        + (f", cp {run.cp}" if run.cp > 1 else "")
+        + (f", ep {run.ep}" if run.ep > 1 else "")
+        + f"; {result.num_micro_batches} micro-batches of {run.micro_batch_size} x "
+        f"{inputs.seq_len:,} tokens per replica, {run.schedule} schedule",
+        f"  step      {duration_text(result.iteration_s)} (forward+backward "
+        f"{duration_text(result.forward_backward_s)}, optimizer "
+        f"{duration_text(result.optimizer_s)})",
+        f"  speed     {result.tokens_per_s:,.0f} tokens/s; {result.model_tflops_per_gpu:.1f} "
+        f"model / {result.hardware_tflops_per_gpu:.1f} hardware TFLOP/s per GPU, MFU "
+        f"{result.mfu:.1%}",
+        f"  pipeline  bubble {result.bubble_fraction:.1%} of forward+backward",
+        f"  exposed communication (on the critical path): {comm or 'none'}",
+        f"  memory    {result.memory_gib_per_gpu:.1f} GiB per GPU, {fits}",
+    ]
 
 
 def _check_trace_path(path: Path) -> None:

@@ -1,8 +1,12 @@
 """Timeline -> Chrome trace JSON (chrome://tracing, ui.perfetto.dev).
 
-One process per pipeline stage (one representative GPU), one thread per stream (compute, pp,
-dp, dp-gather); complete events (``ph = "X"``) in microseconds. Pipeline sends are edges of the
-graph (``delay_s``), drawn on the sender's pp thread.
+One process per pipeline stage (one representative GPU), one thread per stream that has
+work (compute, pp, dp); complete events (``ph = "X"``) with ``ts`` and ``dur`` in
+microseconds, as the format defines them. Event names say what a task is (``forward mb3``,
+``dp gradient sync bucket 0``, `event_name`); ``args`` holds the task's id in the execution
+graph (``task``, as `task_label` writes it), its micro-batch and chunk, and the blocking
+communication inside a compute task in seconds (``tp_s``, ``cp_s``, ``ep_s``, ``dp_s``).
+Pipeline sends are edges of the graph (``delay_s``), drawn on the sender's pp thread.
 """
 
 from __future__ import annotations
@@ -11,33 +15,78 @@ import json
 from pathlib import Path
 from typing import Any
 
-from simulator.execgraph import task_label
+from simulator.execgraph import Node, task_label
 from simulator.scheduler import Timeline
 
-STREAM_TIDS = {"compute": 0, "pp": 1, "dp": 2, "dp-gather": 3}
+STREAM_TIDS = {"compute": 0, "pp": 1, "dp": 2}
+_PHASE = {"F": "forward", "B": "backward"}
+
+
+def event_name(node: Node, *, chunks: int = 1, cut: bool = False) -> str:
+    """What a task is, in words: ``forward mb3``, ``backward mb7 chunk 1 part 2`` (``cut``: a
+    backward cut into pieces, one per gradient bucket), ``dp gradient sync bucket 0``,
+    ``zero3 all-gather for forward mb1``, ``optimizer``; the chunk only where a stage holds
+    several (``chunks``)."""
+    kind = node[0]
+    if kind in _PHASE:
+        _, _, c, micro, piece = node
+        part = f" part {piece + 1}" if cut else ""
+        return f"{_PHASE[kind]} mb{micro}{_chunk(c, chunks)}{part}"
+    if kind == "D":
+        return f"dp gradient sync{_chunk(node[2], chunks)} bucket {node[3]}"
+    if kind == "G":
+        return f"zero3 all-gather for {_PHASE[node[2]]} mb{node[4]}{_chunk(node[3], chunks)}"
+    if kind == "R":
+        return f"zero3 reduce-scatter mb{node[3]}{_chunk(node[2], chunks)}"
+    if kind == "A":
+        return "dp parameter all-gather"
+    if kind == "O":
+        return "optimizer"
+    return task_label(node)
+
+
+def _chunk(chunk: int, chunks: int) -> str:
+    return f" chunk {chunk}" if chunks > 1 else ""
+
+
+def _cut(graph: Any, node: Node) -> bool:
+    """A backward cut into pieces (its chunk's last one, when DP reduction overlaps it)."""
+    return node[0] == "B" and (node[4] > 0 or (*node[:4], 1) in graph)
+
+
+def _task_args(node: Node) -> dict[str, Any]:
+    """The task id and, for a forward or backward, its micro-batch and chunk."""
+    args: dict[str, Any] = {"task": task_label(node)}
+    if node[0] in _PHASE:
+        args |= {"micro_batch": node[3], "chunk": node[2]}
+    return args
 
 
 def chrome_trace(timeline: Timeline) -> dict[str, Any]:
     """The trace as a JSON-ready dict."""
     events: list[dict[str, Any]] = []
+    threads: set[tuple[int, int]] = set()
     stages = set()
     step = timeline.step
+    chunks = step.costs.v
     for node, a in timeline.graph.nodes.items():
         stages.add(a["stage"])
         duration = timeline.step.duration_s(node)
         if duration <= 0:
             continue
         parts = step.parts(node) if a["kind"] == "compute" else {}
-        args = {
+        args = _task_args(node) | {
             k: parts[k] for k in ("tp_s", "cp_s", "ep_s", "dp_s") if k in parts and parts[k] > 0
         }
+        tid = STREAM_TIDS.get(a["stream"], 9)
+        threads.add((a["stage"], tid))
         events.append(
             {
-                "name": task_label(node),
+                "name": event_name(node, chunks=chunks, cut=_cut(timeline.graph, node)),
                 "cat": a.get("comm", a["kind"]),
                 "ph": "X",
                 "pid": a["stage"],
-                "tid": STREAM_TIDS.get(a["stream"], 9),
+                "tid": tid,
                 "ts": timeline.start_s[node] * 1e6,
                 "dur": duration * 1e6,
                 "args": args,
@@ -46,24 +95,35 @@ def chrome_trace(timeline: Timeline) -> dict[str, Any]:
     for (src, dst), e in timeline.graph.edges.items():
         delay = step.delay_s(src, dst) if "comm" in e and e["dep"] == "data" else 0.0
         if delay > 0:
+            stage, tid = timeline.graph.nodes[src]["stage"], STREAM_TIDS[e["comm"]]
+            sent = event_name(src, chunks=chunks, cut=_cut(timeline.graph, src))
+            threads.add((stage, tid))
             events.append(
                 {
-                    "name": f"send {task_label(src)}",
+                    "name": f"pp send {sent}",
                     "cat": e["comm"],
                     "ph": "X",
-                    "pid": timeline.graph.nodes[src]["stage"],
-                    "tid": STREAM_TIDS[e["comm"]],
+                    "pid": stage,
+                    "tid": tid,
                     "ts": timeline.end_s[src] * 1e6,
                     "dur": delay * 1e6,
-                    "args": {},
+                    "args": {"task": f"send {task_label(src)}", "to_stage": _stage(timeline, dst)},
                 }
             )
+    names = {tid: stream for stream, tid in STREAM_TIDS.items()}
     for s in sorted(stages):
-        events.append({"name": "process_name", "ph": "M", "pid": s, "args": {"name": f"stage {s}"}})
-        for stream, tid in STREAM_TIDS.items():
+        events.append(
+            {"name": "process_name", "ph": "M", "pid": s, "args": {"name": f"pp stage {s}"}}
+        )
+        for tid in sorted(t for st, t in threads if st == s):
             meta = {"name": "thread_name", "ph": "M", "pid": s, "tid": tid}
-            events.append({**meta, "args": {"name": stream}})
+            events.append({**meta, "args": {"name": names.get(tid, "other")}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _stage(timeline: Timeline, node: Node) -> int:
+    stage: int = timeline.graph.nodes[node]["stage"]
+    return stage
 
 
 def write_trace(timeline: Timeline, path: Path) -> None:
