@@ -113,7 +113,9 @@ def same_kernel_rows(ratios: dict[str, dict[str, np.ndarray]]) -> list[str]:
                 cells.append("-")
                 continue
             p10, p50, p90 = np.percentile(r, [10, 50, 90])
-            cells.append(f"{p50:.2f} ({p10:.2f}-{p90:.2f}), {len(r)} rows")
+            cells.append(
+                f"{p50:.2f} ({p10:.2f}-{p90:.2f}), {len(r)} row{'' if len(r) == 1 else 's'}"
+            )
         rows.append(f"| {gpu} | {' | '.join(cells)} |")
     return rows
 

@@ -289,9 +289,13 @@ def load_model(name_or_path: str | Path, *, data_dir: Path | None = None) -> Mod
     if path.suffix in {".toml", ".json"}:
         what = "is a folder; give the file" if path.is_dir() else "does not exist"
         raise ConfigError(f"model file {path} {what}")
+    neusight = sorted(f.stem for f in models_dir.glob("*.json")) if models_dir.is_dir() else []
+    near = [n for n in neusight if n.replace("_", "-").lower() == text.replace("_", "-").lower()]
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    names = f" ({', '.join(neusight)})" if neusight else ""
     raise ConfigError(
-        f"unknown model {text!r}: use a catalog id ({', '.join(list_models())}), a NeuSight "
-        f"model name (a file in {models_dir}), or a path to a .toml or HF config .json"
+        f"unknown model {text!r}: {hint}use a catalog id ({', '.join(list_models())}), a "
+        f"NeuSight model name{names} from {models_dir}, or a path to a .toml or HF config .json"
     )
 
 

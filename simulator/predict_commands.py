@@ -30,9 +30,13 @@ def add_predict_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p = sub.add_parser("predict", help="whole-model inference or training-step time on one GPU")
     p.add_argument("--model", help="catalog id, NeuSight model name, .toml or HF config .json")
     p.add_argument("--gpu", help="catalog id, device name, .toml or NeuSight device .json")
-    p.add_argument("--batch", type=int, help="sequences per pass")
-    p.add_argument("--seq", type=int, help="tokens per sequence")
-    p.add_argument("--mode", choices=["inf", "train"], help="inference pass or training step")
+    p.add_argument("--batch", type=int, help="sequences per pass (required without --runs)")
+    p.add_argument("--seq", type=int, help="tokens per sequence (required without --runs)")
+    p.add_argument(
+        "--mode",
+        choices=["inf", "train"],
+        help="inference pass or training step (required without --runs)",
+    )
     p.add_argument("--framework", help="hf-eager (default) | megatron; not with --module")
     p.add_argument(
         "--dtype", help="fp32 (default), tf32, bf16, fp16, fp8; not with --module (its parameters')"
@@ -165,7 +169,7 @@ def _predict_module(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**res.model_dump(), "unmapped_ops": unmapped}))
         return 0
-    _print_result(res)
+    _print_result(res, run.mode, gpu.hbm_bytes / 2**30)
     listed = ", ".join(f"{k} x{n}" for k, n in unmapped.items()) or "none"
     print(f"unmapped aten ops (priced as copies): {listed}")
     return 0
@@ -192,7 +196,12 @@ def _run_one(
     run = _workload({k: spec[k] for k in RUN_KEYS[2:] if spec.get(k) is not None}, flags=flags)
     model = load_model(str(spec["model"]), data_dir=args.data)
     gpu = load_gpu(str(spec["gpu"]))
-    return predict_run(model, gpu, run, latency or latency_model(args.latency_model))
+    try:
+        return predict_run(model, gpu, run, latency or latency_model(args.latency_model))
+    except GPUError as e:  # "dtype fp8: ...": name the flag the user set
+        if flags and str(e).startswith("dtype "):
+            raise GPUError(f"--{e}") from None
+        raise
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -203,14 +212,23 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
-def _print_result(res: E2EResult, *, as_json: bool = False) -> None:
-    if as_json:
-        print(json.dumps(res.model_dump()))
-        return
-    print(
-        f"e2e {res.e2e_ms:.2f} ms (fw {res.fw_ms:.2f}, bw {res.bw_ms:.2f}), optimizer "
-        f"{res.optimizer_ms:.2f} ms, memory {res.memory_gib:.2f} GiB, fits={res.fits}"
-    )
+def result_text(res: E2EResult, mode: str, hbm_gib: float) -> str:
+    """What ``tilesim predict`` prints for one run: an inference pass is its forward alone (no
+    backward, no optimizer to print as 0.00); a training step's e2e is forward + backward, its
+    optimizer step reported beside it, as the labels count them; memory against the GPU's."""
+    if mode == "inf":
+        times = f"e2e {res.e2e_ms:.2f} ms (inference: one forward pass)"
+    else:
+        times = (
+            f"e2e {res.e2e_ms:.2f} ms (training step: forward {res.fw_ms:.2f} + backward "
+            f"{res.bw_ms:.2f}); optimizer step {res.optimizer_ms:.2f} ms more"
+        )
+    verdict = "fits" if res.fits else "does NOT fit"
+    return f"{times}\nmemory {res.memory_gib:.2f} GiB: {verdict} in the GPU's {hbm_gib:.1f} GiB"
+
+
+def _print_result(res: E2EResult, mode: str, hbm_gib: float, *, as_json: bool = False) -> None:
+    print(json.dumps(res.model_dump()) if as_json else result_text(res, mode, hbm_gib))
 
 
 def _predict(args: argparse.Namespace) -> int:
@@ -218,7 +236,9 @@ def _predict(args: argparse.Namespace) -> int:
         return _predict_module(args)
     if args.runs is None:
         spec = {k: getattr(args, k) for k in RUN_KEYS}
-        _print_result(_run_one(spec, args, flags=True), as_json=args.json)
+        res = _run_one(spec, args, flags=True)
+        hbm_gib = load_gpu(str(spec["gpu"])).hbm_bytes / 2**30
+        _print_result(res, str(spec["mode"]), hbm_gib, as_json=args.json)
         return 0
     return _predict_runs(args)
 

@@ -103,9 +103,9 @@ def _simulate(args: argparse.Namespace) -> int:
         write_atomic(args.trace, lambda tmp: write_trace(timeline, tmp))  # whole or nothing
     if args.json:
         print(json.dumps(result.to_row()))
-        return 0
-    print("\n".join(step_lines(inputs, scenario.run, result)))
-    return 0
+    else:
+        print("\n".join(step_lines(inputs, scenario.run, result)))
+    return 0 if result.fits else 1  # an infeasible layout: printed, and exit code 1
 
 
 def step_lines(inputs: SimInputs, run: RunConfig, result: StepResult) -> list[str]:

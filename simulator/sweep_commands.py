@@ -85,7 +85,15 @@ def add_sweep_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         default=PER_CONTEXT,
         help="also simulate the N fastest of each cluster size and option (default: %(default)s)",
     )
-    p.add_argument("--set", dest="overrides", action="append", default=[], help="TABLE.KEY=V")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="TABLE.KEY=VALUE",
+        help="override one scenario key, e.g. training.global_batch_size=2048 or "
+        "sweep.tp=[4,8] (repeatable; values in TOML syntax)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_sweep)
     p = sub.add_parser("plot", help="redraw a sweep's figures from its rows alone")
