@@ -44,6 +44,7 @@ from forecast.predict import LatencyTable
 from simulator import oprules as r
 from simulator.errors import ConfigError
 from simulator.inventory_hf import Sizes, sizes
+from simulator.inventory_megatron import activation_dtype
 from simulator.models import ModelSpec
 from simulator.opgraph import Block, Workload, inventory
 from simulator.oprules import FrameworkOp
@@ -63,10 +64,13 @@ COLUMN_PARALLEL = frozenset({"qkv", "fc1", "fc_gate_up"})
 # v written: 28 B) plus, for fp16, the 16-bit grad -> fp32 main grad cast (6 B) and the
 # loss-scale unscale/inf check (8 B); the grad-norm read (4 B); the fp32 -> 16-bit weight copy
 # (6 B); zeroing the grad buffer (2 B fp16, 4 B fp32). fp32 training: norm, Adam, zeroing.
+# fp8 (TransformerEngine) is bf16's plus the weights' fp8 cast and transpose, once a step (on
+# the first micro-batch, ``is_first_microbatch``): the bf16 weight read, two fp8 copies
+# written (4 B; counted on every parameter, the GEMM weights being nearly all of them).
 OPTIMIZER_BYTES_PER_PARAM: dict[Dtype, float] = {
     Dtype.FP16: 6 + 8 + 4 + 28 + 6 + 2,
     Dtype.BF16: 4 + 28 + 6 + 4,
-    Dtype.FP8: 4 + 28 + 6 + 4,
+    Dtype.FP8: 4 + 28 + 6 + 4 + 4,
     Dtype.FP32: 4 + 28 + 4,
     Dtype.TF32: 4 + 28 + 4,
 }
@@ -248,8 +252,9 @@ def _with_loss(head: Block, z: Sizes) -> Block:
     scale = KernelSpec(OpFamily.ELEMENTWISE, (rows, vocab), fp32, "mulu")
     loss = FrameworkOp("cross_entropy", (passes,), (scale,))
     ops = [*head.ops, loss]
-    if ITEMSIZE_BYTES[z.dt] < 4:  # 16-bit -> fp32 cast and back: 6 bytes per logit each way
-        cast = KernelSpec(OpFamily.MEMORY, (rows, 3 * vocab // 2), z.dt, "copy")
+    dt = activation_dtype(z.dt)  # bf16 logits under fp8 (the output layer is no TE linear)
+    if ITEMSIZE_BYTES[dt] < 4:  # 16-bit -> fp32 cast and back: 6 bytes per logit each way
+        cast = KernelSpec(OpFamily.MEMORY, (rows, 3 * vocab // 2), dt, "copy")
         ops.insert(len(head.ops), FrameworkOp("logits_cast", (cast,), (cast,)))
     return Block(head.name, tuple(ops), head.repeat, head.host_ops)
 

@@ -218,3 +218,21 @@ def test_shard_column_gemms_stay_the_fp8_gemms(sp: bool) -> None:
         assert {(k.family, k.dtype) for k, _ in group} == {(OpFamily.LINEAR, Dtype.FP8)}
     layer_fw = {k for k, _ in sk.layer_fw}
     assert {k.family for k in layer_fw if k.dtype is Dtype.FP8} == {OpFamily.LINEAR}
+
+
+def test_fp8_logits_are_cast_from_bf16_and_the_weights_cast_once_a_step() -> None:
+    """The output layer is no TE linear: its logits are bf16, cast to fp32 for the loss at 6
+    bytes a logit each way (3 were counted, as if fp8). TE casts each weight to fp8 with its
+    transpose once a step: 4 bytes a parameter more than bf16's optimizer traffic."""
+    from simulator.stagecost import OPTIMIZER_BYTES_PER_PARAM
+
+    def head(dtype: str) -> list[KernelSpec]:
+        sets = ("cluster.gpu='h100-sxm5-80gb'", f"training.dtype='{dtype}'")
+        inputs = resolve(load_scenario(TINY, overrides=sets))
+        run = RunConfig(tp=1, pp=1, dp=0, micro_batch_size=1)
+        return [k for k, _ in shard_kernels(inputs, run).head_fw if k.op == "copy"]
+
+    assert head("fp8") == head("bf16")
+    assert [k.dtype for k in head("fp8")] == [Dtype.BF16]
+    extra = OPTIMIZER_BYTES_PER_PARAM[Dtype.FP8] - OPTIMIZER_BYTES_PER_PARAM[Dtype.BF16]
+    assert extra == 4
