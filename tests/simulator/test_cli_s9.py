@@ -156,4 +156,5 @@ def test_unknown_model_path_names_the_models_folder(capsys: pytest.CaptureFixtur
     args = ["predict", "--model", "/tmp/somewhere/runs.jsonl", "--gpu", "t4", "--batch", "1"]
     assert main([*args, "--seq", "8", "--mode", "inf"]) == 2
     err = capsys.readouterr().err
-    assert "(a file in /tmp/somewhere)" not in err and "/models)" in err
+    assert "/tmp/somewhere/models" not in err and "from /tmp/somewhere," not in err
+    assert "/models, or a path" in err  # the data's models folder
