@@ -196,3 +196,15 @@ def test_collective_line_gives_the_size_in_units_and_bytes(
     argv = ["collective", "--op", "all-reduce", "--bytes", "1e9", "--gpus", "8"]
     assert main([*argv, "--cluster", "dgx-a100"]) == 0
     assert capsys.readouterr().out.startswith("all-reduce 954 MiB (1,000,000,000 B) over 8")
+
+
+def test_collective_line_prints_small_rates_and_long_times_readably() -> None:
+    """A 100-byte all-reduce printed "algbw 0.0 GB/s"; a 1 GB one "3966.2 us"."""
+    from topologies import collective_estimate, load_cluster
+    from topologies.report import describe
+
+    cluster = load_cluster("dgx-h100", gpus=16)
+    small = describe(collective_estimate("all-reduce", 100, tuple(range(8)), cluster))
+    assert "0.0 GB/s" not in small and "algbw 0.00" in small
+    big = describe(collective_estimate("all-reduce", 1e9, tuple(range(16)), cluster))
+    assert " ms," in big and "us," not in big

@@ -52,11 +52,20 @@ def describe(est: CollectiveEstimate) -> str:
     size = size_text(est.nbytes)
     if est.nbytes >= 1024:
         size += f" ({est.nbytes:,.0f} B)"
+    us = est.time_s * 1e6
+    took = f"{us:.1f} us" if us < 1000 else f"{us / 1e3:,.3f} ms"
     return (
-        f"{est.op} {size} over {est.num_ranks} ranks: {est.time_s * 1e6:.1f} us, "
-        f"algbw {est.algbw_bytes_per_s / 1e9:.1f} GB/s, busbw {est.busbw_bytes_per_s / 1e9:.1f} "
-        f"GB/s ({est.algorithm}/{est.protocol})"
+        f"{est.op} {size} over {est.num_ranks} ranks: {took}, "
+        f"algbw {_gb_per_s(est.algbw_bytes_per_s)}, busbw {_gb_per_s(est.busbw_bytes_per_s)} "
+        f"({est.algorithm}/{est.protocol})"
     )
+
+
+def _gb_per_s(rate_bytes_per_s: float) -> str:
+    """GB/s to one decimal, three significant digits below 10 (a 100-byte all-reduce moves
+    0.00424 GB/s, which one decimal printed as 0.0)."""
+    gb = rate_bytes_per_s / 1e9
+    return f"{gb:,.1f} GB/s" if gb >= 10 else f"{gb:.3g} GB/s"
 
 
 def check_table(rows: Sequence[Comparison]) -> str:
