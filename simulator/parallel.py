@@ -56,6 +56,12 @@ class RunConfig(BaseModel):
         description="backward TP collectives of the column-parallel linears overlap their "
         "GEMMs (Megatron-LM's async TP communication, on by default since late 2021)",
     )
+    grad_accumulation_fusion: bool = Field(
+        default=False,
+        description="weight-gradient GEMMs accumulate into the fp32 main gradients themselves "
+        "(Megatron-LM's --gradient-accumulation-fusion); false (default): an element-wise add "
+        "per weight and micro-batch, which the published runs fit better (README: limitations)",
+    )
     pp_blocking_sends: bool = Field(
         default=False,
         description="pipeline send-recvs hold the sending stage's compute stream until they "

@@ -179,10 +179,17 @@ def _sp_kernel(k: KernelSpec, whole: KernelSpec, tokens: int, hidden: int, tp: i
     return k
 
 
-def _expand(fop: FrameworkOp, dtype: Dtype, *, backward: bool) -> list[KernelSpec]:
+def _expand(
+    fop: FrameworkOp, dtype: Dtype, *, backward: bool, fused_wgrad: bool = False
+) -> list[KernelSpec]:
+    """One phase's kernels of ``fop``; the backward's with a gradient-accumulation ``add`` per
+    parameter tensor, but for a linear's weight under ``fused_wgrad`` (its weight-gradient
+    GEMM accumulates into the main gradient itself: `RunConfig.grad_accumulation_fusion`)."""
     out = list(fop.bw) if backward else list(fop.fw)
     if backward:
-        out += [KernelSpec(OpFamily.ELEMENTWISE, s, dtype, "add") for s in fop.params]
+        linear = any(k.family is OpFamily.LINEAR for k in fop.bw)
+        params = fop.params[1:] if fused_wgrad and linear else fop.params
+        out += [KernelSpec(OpFamily.ELEMENTWISE, s, dtype, "add") for s in params]
     return out
 
 
@@ -227,12 +234,14 @@ def sequence_parallel_block(block: Block, whole: Block, w: Workload, tp: int) ->
     return replace(block, ops=tuple(ops))
 
 
-def _block_kernels(block: Block, w: Workload, *, backward: bool, only: frozenset[str]) -> Counted:
+def _block_kernels(
+    block: Block, w: Workload, *, backward: bool, only: frozenset[str], fused_wgrad: bool
+) -> Counted:
     """``block``'s kernels of one phase (of its ops named ``only``, if given)."""
     ks: list[KernelSpec] = []
     for fop in block.ops:
         if not only or fop.name in only:
-            ks += _expand(fop, w.dtype, backward=backward)
+            ks += _expand(fop, w.dtype, backward=backward, fused_wgrad=fused_wgrad)
     return tuple((k, 1) for k in ks)
 
 
@@ -328,7 +337,9 @@ def shard_kernels(inputs: SimInputs, run: RunConfig) -> ShardKernels:
         )
 
     def kernels(block: Block, *, backward: bool, only: frozenset[str] = frozenset()) -> Counted:
-        return _block_kernels(block, w, backward=backward, only=only)
+        return _block_kernels(block, w, backward=backward, only=only, fused_wgrad=fused)
+
+    fused = run.grad_accumulation_fusion and inputs.framework == "megatron"
 
     attention_fw = kernels(layer, backward=False, only=ATTENTION_OPS)
     attention_bw = kernels(layer, backward=True, only=ATTENTION_OPS)
