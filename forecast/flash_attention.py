@@ -22,6 +22,12 @@ four pipes that run concurrently:
   one exp2 and four FP32 ops (FFMA with the log-sum-exp, ``dS = P (dP - rowsum(dO O))``, two
   half conversions).
 
+The tiles are FA2's for the GPU: by head dim, and where FA2's launchers ask the device, by
+its shared memory per block (the catalog's per SM less the 1 KB CUDA reserves; backward head
+dims 64 and 128 under 144 KiB, forward head dim 256 under 128 KiB or from 192 KiB an SM) and
+by sm86/sm89 (forward head dims 96 and 128); the big-memory tiles were charged everywhere,
+the L4's and L40S's too.
+
 The pipes combine as a p-norm with the GEMM-calibrated ``overlap_exponent`` and the result is
 divided by ``fa_efficiency``, the one attention constant fitted (on A100 measurements). Every
 pipe runs at the tensor clock, ``peak / (SMs x MMA FLOPs per clock per SM)`` where that width
@@ -78,7 +84,15 @@ FWD_TILES: dict[int, tuple[int, int, int]] = {
     96: (128, 64, 4),
     128: (128, 64, 4),
     192: (128, 64, 8),
-    256: (128, 64, 8),  # GPUs with >= 192 KiB shared memory per SM run 64 x 64, 4 warps
+    256: (128, 64, 8),  # only with >= 128 KiB a block and < 192 KiB an SM; else 64 x 64, 4 warps
+}
+# sm86/sm89 (compute capability 8.x but 8.0: L4, L40S) forward tiles where they differ:
+# (head dim, causal) -> tile; "128 x 32 (48 KB smem) is the fastest for non-causal since we
+# get 2 CTAs per SM", 64 x 64 for causal "because it's square" (flash_fwd_launch_template.h).
+SM8X_FWD_TILES: dict[tuple[int, bool], tuple[int, int, int]] = {
+    (96, True): (64, 64, 4),
+    (128, False): (128, 32, 4),
+    (128, True): (64, 64, 4),
 }
 # Backward tiles (GPUs with >= 144 KiB shared memory per block: A100, H100/H200):
 # (Br, Bc, warps, warps along M of the S/dP, dK/dV and dQ matmuls).
@@ -90,7 +104,16 @@ BWD_TILES: dict[int, tuple[int, int, int, int, int, int]] = {
     192: (64, 64, 8, 4, 2, 2),
     256: (64, 64, 8, 4, 2, 2),
 }
-BIG_SMEM_BYTES_PER_SM = 196_608  # flash-attention's hdim-256 forward switch (4 x 256 x 192)
+# Backward tiles where a block gets less than 144 KiB (L4, L40S; V kept in registers, whose
+# saved shared-memory reads are not counted, as for head dim 32 above).
+SMALL_SMEM_BWD_TILES: dict[int, tuple[int, int, int, int, int, int]] = {
+    64: (64, 128, 8, 2, 4, 4),
+    128: (64, 64, 8, 4, 2, 2),
+}
+BWD_BIG_BLOCK_SMEM_BYTES = 144 * 1024  # FA2's backward switch for head dims 64 and 128
+FWD256_BLOCK_SMEM_BYTES = 2 * 256 * (128 + 2 * 64)  # 128 KiB: hdim-256 forward at 128 x 64
+BIG_SMEM_BYTES_PER_SM = 4 * 256 * (64 + 2 * 64)  # 192 KiB an SM: hdim 256 runs 64 x 64 twice
+RESERVED_SMEM_BYTES_PER_BLOCK = 1024  # CUDA guide: per-block opt-in = per-SM capacity - 1 KB
 
 
 @dataclass(frozen=True)
@@ -101,8 +124,14 @@ class SMRates:
     mma_flops_per_clk: float  # achieved: catalog peak x level
     fp32_lanes: float
     num_sms: int
-    smem_bytes_per_sm: float  # capacity, chooses the hdim-256 forward tile
+    smem_bytes_per_sm: float  # capacity: FA2 picks some tiles by it (0: unknown, small)
     hbm_bytes_per_s: float  # achieved DRAM bandwidth
+    sm8x: bool = False  # compute capability 8.x but 8.0: FA2's sm86/sm89 forward tiles
+
+    @property
+    def smem_bytes_per_block(self) -> float:
+        """Most shared memory one CTA may take (``cudaDevAttrMaxSharedMemoryPerBlockOptin``)."""
+        return self.smem_bytes_per_sm - RESERVED_SMEM_BYTES_PER_BLOCK
 
 
 @dataclass(frozen=True)
@@ -137,13 +166,22 @@ def kernel_head_dim(head_dim: int) -> int:
     )
 
 
-def forward_counts(head_dim: int, rates: SMRates) -> PipeCounts:
+def forward_tile(d: int, rates: SMRates, *, causal: bool = False) -> tuple[int, int, int]:
+    """FA2's forward tile (Br, Bc, warps) at kernel head dim ``d`` on this GPU: by head dim,
+    by shared memory at head dim 256, by sm86/sm89 at 96 and 128 (``run_mha_fwd_hdim*``)."""
+    if d == MAX_HEAD_DIM:
+        two_ctas = rates.smem_bytes_per_sm >= BIG_SMEM_BYTES_PER_SM
+        fits = rates.smem_bytes_per_block >= FWD256_BLOCK_SMEM_BYTES
+        return FWD_TILES[d] if fits and not two_ctas else (64, 64, 4)
+    if rates.sm8x and (d, causal) in SM8X_FWD_TILES:
+        return SM8X_FWD_TILES[d, causal]
+    return FWD_TILES[d]
+
+
+def forward_counts(head_dim: int, rates: SMRates, *, causal: bool = False) -> PipeCounts:
     """Forward pipe work per S element (FA2 ``flash_fwd_kernel``, Q reloaded per K tile)."""
     d = kernel_head_dim(head_dim)
-    br, bc, warps = FWD_TILES[d]
-    if d == MAX_HEAD_DIM and rates.smem_bytes_per_sm >= BIG_SMEM_BYTES_PER_SM:
-        br, bc, warps = 64, 64, 4
-    return forward_tile_counts(d, br, bc, warps)
+    return forward_tile_counts(d, *forward_tile(d, rates, causal=causal))
 
 
 def forward_tile_counts(d: int, br: int, bc: int, warps: int) -> PipeCounts:
@@ -155,10 +193,13 @@ def forward_tile_counts(d: int, br: int, bc: int, warps: int) -> PipeCounts:
     return PipeCounts(4.0 * d, smem, 1.0 + 1.0 / bc, 3.5 + d / bc, br, bc)
 
 
-def backward_counts(head_dim: int) -> PipeCounts:
-    """Backward pipe work per S element (FA2 ``compute_dq_dk_dv_1colblock``, seq-parallel)."""
+def backward_counts(head_dim: int, *, smem_bytes_per_block: float = math.inf) -> PipeCounts:
+    """Backward pipe work per S element (FA2 ``compute_dq_dk_dv_1colblock``, seq-parallel);
+    head dims 64 and 128 take smaller tiles where a block gets under 144 KiB."""
     d = kernel_head_dim(head_dim)
     br, bc, warps, m_sdp, m_dkv, m_dq = BWD_TILES[d]
+    if smem_bytes_per_block < BWD_BIG_BLOCK_SMEM_BYTES and d in SMALL_SMEM_BWD_TILES:
+        br, bc, warps, m_sdp, m_dkv, m_dq = SMALL_SMEM_BWD_TILES[d]
     s_dp = 2 * warps * 2.0 * d * (br / m_sdp + bc * m_sdp / warps)  # S = Q K^T, dP = dO V^T
     dk_dv = 2 * warps * 2.0 * br * (bc / m_dkv + d * m_dkv / warps)  # dV = P^T dO, dK = dS^T Q
     d_q = warps * 2.0 * bc * (br / m_dq + d * m_dq / warps)  # dQ = dS K
@@ -233,11 +274,14 @@ def attention_kernel_s(kernel: KernelSpec, rates: SMRates, overlap: Overlap) -> 
     causal twins ``attention_causal``, ``attention_causal_bwd``)."""
     bh, s_q, s_kv, head_dim = kernel.dims
     backward = kernel.op in ATTENTION_BACKWARD_OPS
+    causal = kernel.op in CAUSAL_ATTENTION_OPS
     if backward:  # one CTA per Bc key rows sweeps all queries; + dO.O and dQ-convert kernels
-        counts, tiled, swept, launches = backward_counts(head_dim), s_kv, s_q, 3
+        counts = backward_counts(head_dim, smem_bytes_per_block=rates.smem_bytes_per_block)
+        tiled, swept, launches = s_kv, s_q, 3
     else:
-        counts, tiled, swept, launches = forward_counts(head_dim, rates), s_q, s_kv, 1
-    if kernel.op in CAUSAL_ATTENTION_OPS:
+        counts = forward_counts(head_dim, rates, causal=causal)
+        tiled, swept, launches = s_q, s_kv, 1
+    if causal:
         sweeps = causal_sweeps(s_q, s_kv, counts, backward=backward)
         busiest = max(math.ceil(bh * sum(sweeps) / rates.num_sms), max(sweeps))
         pair_clk = counts.tile_rows * counts.tile_cols * cycles_per_element(counts, rates, overlap)

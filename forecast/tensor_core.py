@@ -15,7 +15,11 @@ GEMM (bmm, linear) in tf32/fp16/bf16/fp8, the way CUTLASS/cuBLAS kernels run the
   fill of its first k-tiles and the epilogue);
 * fp8 pays the FP32 promotion of its accumulators: every 128 reduction elements (CUTLASS's
   default promotion interval, without "fast accumulation") each accumulator gets one FADD
-  on the CUDA cores, which costs ``peak_fp8 / (128 x peak_fp32)`` of the main loop;
+  on the CUDA cores, which costs ``peak_fp8 / (128 x peak_fp32)`` of the main loop. CUTLASS
+  promotes on Hopper (its own sm90 fp8 mainloop, ``GmmaFP8Accumulation``: the MMA keeps about
+  14 bits of the sum) and Ada (sm89 staged accumulation), not on Blackwell, whose fp8 GEMMs
+  run the generic sm100 mainloop, accumulating in tensor memory (`fp8_promotes`; a B200 fp8
+  GEMM was forecast at 53% of its fp8 peak against 79% in bf16);
 * compute and DRAM time combine as a p-norm (``overlap_exponent``; p -> inf is max);
   fp8 GEMMs write bf16 outputs.
 
@@ -107,8 +111,20 @@ def _is_hopper_or_later(gpu: GPUSpec) -> bool:
         return False
 
 
+def fp8_promotes(gpu: GPUSpec) -> bool:
+    """Whether fp8 GEMMs promote their accumulators on the CUDA cores: not from Blackwell
+    (compute capability 10.0) on, whose ``tcgen05`` MMAs accumulate in tensor memory and
+    CUTLASS's sm100 fp8 mainloop has no promotion step; AMD ids keep the prior."""
+    try:
+        return float(gpu.compute_capability) < 10.0
+    except ValueError:
+        return True
+
+
 def fp8_factor(gpu: GPUSpec, params: TCParams) -> float:
     """Main-loop slowdown of fp8 from FP32 promotion of the accumulators (<= 1)."""
+    if not fp8_promotes(gpu):
+        return 1.0
     ratio = gpu.peak_for(Dtype.FP8) / (FP8_PROMOTION_ELEMS * gpu.peak_for(Dtype.FP32))
     return 1.0 / (1.0 + ratio * (1.0 - params.fp8_promotion_overlap))
 
@@ -194,6 +210,7 @@ def sm_rates(gpu: GPUSpec, dtype: Dtype, params: TCParams) -> SMRates:
         num_sms=gpu.num_sms,
         smem_bytes_per_sm=gpu.smem_bytes_per_sm or 0.0,
         hbm_bytes_per_s=gpu.hbm_bw_bytes_per_s * params.hbm_efficiency,
+        sm8x=gpu.compute_capability.startswith("8.") and gpu.compute_capability != "8.0",
     )
 
 
