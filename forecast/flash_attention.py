@@ -72,6 +72,7 @@ from typing import Any
 
 import numpy as np
 
+from forecast.gpus import GPUSpec
 from forecast.kernels import ATTENTION_BACKWARD_OPS, CAUSAL_ATTENTION_OPS, KernelSpec
 
 SMEM_BYTES_PER_CLK_PER_SM = 128.0  # 32 banks x 32 bits per clock (CUDA guide, cc >= 5.x)
@@ -114,6 +115,24 @@ BWD_BIG_BLOCK_SMEM_BYTES = 144 * 1024  # FA2's backward switch for head dims 64 
 FWD256_BLOCK_SMEM_BYTES = 2 * 256 * (128 + 2 * 64)  # 128 KiB: hdim-256 forward at 128 x 64
 BIG_SMEM_BYTES_PER_SM = 4 * 256 * (64 + 2 * 64)  # 192 KiB an SM: hdim 256 runs 64 x 64 twice
 RESERVED_SMEM_BYTES_PER_BLOCK = 1024  # CUDA guide: per-block opt-in = per-SM capacity - 1 KB
+
+
+# AMD ISAs with FlashAttention-2 kernels (ROCm's composable-kernel backend: MI200, MI300)
+FLASH_ATTENTION_AMD_ISAS = frozenset({"gfx90a", "gfx942", "gfx950"})
+
+
+def has_flash_attention(gpu: GPUSpec) -> bool:
+    """Whether FlashAttention-2 runs on ``gpu``: NVIDIA compute capability 8.0 or newer
+    (Ampere, Ada, Hopper, Blackwell; not Volta, Turing or Pascal), or an AMD ISA of
+    `FLASH_ATTENTION_AMD_ISAS`. A GPU the catalog does not know (``"unknown"``, a bare
+    device sheet) is given the benefit of the doubt."""
+    cc = gpu.compute_capability
+    if cc.startswith("gfx"):
+        return cc in FLASH_ATTENTION_AMD_ISAS
+    try:
+        return int(cc.split(".")[0]) >= 8
+    except ValueError:
+        return True
 
 
 @dataclass(frozen=True)

@@ -45,9 +45,11 @@ import numpy.typing as npt
 
 from forecast.files import write_text_atomic
 from forecast.flash_attention import (
+    FLASH_ATTENTION_AMD_ISAS,
     Overlap,
     SMRates,
     attention_kernel_s,
+    has_flash_attention,
     kernel_head_dim,
     pnorm,
 )
@@ -248,6 +250,13 @@ class TensorCoreModel:
 
 def _check(k: KernelSpec, gpu: GPUSpec) -> None:
     if k.family is OpFamily.ATTENTION:
+        if not has_flash_attention(gpu):
+            raise TensorCoreError(
+                f"op {k.op or 'attention'}: FlashAttention-2 has no kernels for {gpu.id} "
+                f"(compute capability {gpu.compute_capability}; it needs 8.0+ or AMD "
+                f"{'/'.join(sorted(FLASH_ATTENTION_AMD_ISAS))}); there attention runs unfused: "
+                "price its bmm and softmax kernels"
+            )
         if k.dtype not in ATTENTION_DTYPES:
             raise TensorCoreError(
                 f"dtype {k.dtype.value}: attention is modelled in fp16/bf16 only; use fp16 or bf16"

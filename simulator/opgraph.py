@@ -22,8 +22,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from forecast.flash_attention import FLASH_ATTENTION_AMD_ISAS, has_flash_attention
 from forecast.gpus import GPUSpec
 from forecast.kernels import Dtype, KernelSpec, OpFamily
+
+__all__ = ["FLASH_ATTENTION_AMD_ISAS", "has_flash_attention"]  # re-exported for scenario
 from simulator.errors import ConfigError
 from simulator.models import ModelSpec
 from simulator.oprules import FrameworkOp
@@ -116,24 +119,6 @@ def default_attention(dtype: str) -> Literal["flash", "unfused"]:
     """Megatron's attention when none is named: FlashAttention for 16- and 8-bit dtypes,
     unfused for fp32/tf32 (FlashAttention has no fp32 kernels)."""
     return "unfused" if dtype in (Dtype.FP32, Dtype.TF32) else "flash"
-
-
-# AMD ISAs with FlashAttention-2 kernels (ROCm's composable-kernel backend: MI200, MI300)
-FLASH_ATTENTION_AMD_ISAS = frozenset({"gfx90a", "gfx942", "gfx950"})
-
-
-def has_flash_attention(gpu: GPUSpec) -> bool:
-    """Whether FlashAttention-2 runs on ``gpu``: NVIDIA compute capability 8.0 or newer
-    (Ampere, Ada, Hopper, Blackwell; not Volta, Turing or Pascal), or an AMD ISA of
-    `FLASH_ATTENTION_AMD_ISAS`. A GPU the catalog does not know (``"unknown"``, a bare
-    device sheet) is given the benefit of the doubt."""
-    cc = gpu.compute_capability
-    if cc.startswith("gfx"):
-        return cc in FLASH_ATTENTION_AMD_ISAS
-    try:
-        return int(cc.split(".")[0]) >= 8
-    except ValueError:
-        return True
 
 
 def on_gpu(run: Workload, gpu: GPUSpec) -> Workload:

@@ -23,7 +23,13 @@ from forecast.flash_attention import (
 )
 from forecast.gpus import GPUSpec, list_gpus, load_gpu
 from forecast.kernels import Dtype, KernelSpec, OpFamily
-from forecast.tensor_core import TensorCoreModel, load_params, sm_flops_per_clk, sm_rates
+from forecast.tensor_core import (
+    TensorCoreError,
+    TensorCoreModel,
+    load_params,
+    sm_flops_per_clk,
+    sm_rates,
+)
 
 A100, H200, B200, GB200, L40S, L4, MI300X = (
     "a100-sxm4-80gb",
@@ -205,3 +211,14 @@ def test_forward_time_is_the_closed_form_of_its_own_tile(
     cpe = cycles_per_element(forward_tile_counts(128, br, bc, warps), rates, overlap)
     got = TensorCoreModel(params).predict_s([kernel], gpu)[0]
     assert got == pytest.approx(clk * cpe / rates.clock_hz, rel=1e-9)
+
+
+@pytest.mark.parametrize("gpu_id", ["v100-sxm2-32gb", "t4", "p100-pcie-16gb", "mi100"])
+def test_flash_attention_on_a_gpu_without_its_kernels_is_refused(gpu_id: str) -> None:
+    """FlashAttention-2 needs sm80+ or MI200/MI300: a V100 forward was forecast at 54% of its
+    fp16 peak, a kernel that does not exist there (the simulator already runs such GPUs'
+    attention unfused)."""
+    gpu = load_gpu(gpu_id)
+    k = KernelSpec(OpFamily.ATTENTION, (32, 1024, 1024, 64), Dtype.FP16, "attention")
+    with pytest.raises(TensorCoreError, match="FlashAttention-2 has no kernels for"):
+        TensorCoreModel().predict_s([k], gpu)

@@ -15,6 +15,7 @@ import json
 import numpy as np
 import pytest
 
+from forecast.flash_attention import has_flash_attention
 from forecast.gpus import GPUSpec, list_gpus, load_gpu
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from forecast.predict import LatencyModel, load_latency_model
@@ -192,7 +193,7 @@ def test_doubling_work_or_sms_and_the_peak_and_roofline_bounds(gpu_id: str) -> N
     ]
     axes = {OpFamily.BMM: range(4), OpFamily.ATTENTION: range(3)}
     for d in (Dtype.FP16, Dtype.BF16):
-        if d in gpu.peak_flops_per_s:
+        if d in gpu.peak_flops_per_s and has_flash_attention(gpu):  # FA2: sm80+, MI200/MI300
             kernels += [
                 KernelSpec(OpFamily.ATTENTION, (bh, sq, skv, hd), d, op)
                 for op in ("attention", "attention_bwd")

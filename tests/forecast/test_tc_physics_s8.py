@@ -13,6 +13,7 @@ import json
 import numpy as np
 import pytest
 
+from forecast.flash_attention import has_flash_attention
 from forecast.gpus import GPUSpec, list_gpus, load_gpu
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from forecast.tensor_core import TensorCoreError, TensorCoreModel
@@ -59,7 +60,7 @@ def test_achieved_flops_never_exceed_the_dense_peak(gpu_id: str) -> None:
     gpu = load_gpu(gpu_id)
     for dtype in _supported(gpu):
         kernels = [*_gemms(dtype), KernelSpec(OpFamily.BMM, (64, 8192, 8192, 8192), dtype)]
-        if dtype in (Dtype.FP16, Dtype.BF16):
+        if dtype in (Dtype.FP16, Dtype.BF16) and has_flash_attention(gpu):
             kernels += _attention(dtype)
         flops = np.array([k.flops() for k in kernels])
         assert np.all(flops / MODEL.predict_s(kernels, gpu) <= gpu.peak_for(dtype))
@@ -82,7 +83,7 @@ def test_a_larger_gemm_is_never_faster(gpu_id: str) -> None:
             assert np.all(MODEL.predict_s(grown, gpu) >= MODEL.predict_s(base, gpu))
 
 
-@pytest.mark.parametrize("gpu_id", GPU_IDS)
+@pytest.mark.parametrize("gpu_id", [g for g in GPU_IDS if has_flash_attention(load_gpu(g))])
 def test_longer_or_more_attention_is_never_faster(gpu_id: str) -> None:
     """BH, S_q and S_kv. The head dim is left out: the backward's hdim-128 -> 192 tile switch
     (64x128 -> 64x64 key tiles) doubles the CTAs, which is faster when under one wave."""
@@ -117,7 +118,7 @@ def test_a_bigger_gpu_is_never_slower(gpu_id: str, change: dict[str, float]) -> 
     bigger = _scaled(gpu, **change)
     for dtype in _supported(gpu):
         kernels = _gemms(dtype, 60)
-        if dtype in (Dtype.FP16, Dtype.BF16):
+        if dtype in (Dtype.FP16, Dtype.BF16) and has_flash_attention(gpu):
             kernels += _attention(dtype, 20)
         # 1e-12: peak x SMs / SMs rounds in the last bit where the per-SM rate is unchanged
         assert np.all(
