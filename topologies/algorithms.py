@@ -1,9 +1,10 @@
 """Collective algorithms as lists of phases: ring, tree, NVLS, hierarchical and direct.
 
 Each algorithm maps (op, bytes, group) to the `Phase` list it runs, or None where it does not
-apply. ``nbytes`` is the nccl-tests size S: the buffer for all-reduce, broadcast and reduce, the
-total array for all-gather and reduce-scatter, the total sent by one rank for all-to-all.
-Formulas: shared/data/hardware/collectives.md sections 1-3.
+apply (as NCCL's tuner allows: tree for all-reduce only; across nodes NVLS runs as NVLS_TREE,
+for all-reduce only). ``nbytes`` is the nccl-tests size S: the buffer for all-reduce,
+broadcast and reduce, the total array for all-gather and reduce-scatter, the total sent by one
+rank for all-to-all. Formulas: shared/data/hardware/collectives.md sections 1-3.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ class Phase:
     optimally the fill/drain costs ``2 sqrt(depth_s * wire_bytes / bw)`` (classic pipelined
     broadcast segmentation), which is what makes mid-size messages slower than alpha-beta.
     Phases of one algorithm run as one chunk pipeline: phases on the same ``link`` add up,
-    different links overlap.
+    different links overlap, and a chunk crosses every phase in turn, so the pipeline's depth is
+    their whole latency less one step, the longest (for one phase: its own ``depth_s``).
     """
 
     wire_bytes: float
@@ -86,19 +88,32 @@ def ring(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
     return [Phase(ring_bytes_per_rank(op, nbytes, g.size), bw, latency, depth)]
 
 
+def _tree_node_sends(num_nodes: int) -> float:
+    """Bytes a node sends to other nodes per byte of S in a double binary tree all-reduce.
+
+    Each tree carries S/2 up and down; a node is interior (a parent, two children: 1.5 x S/2
+    out) in one tree and a leaf (S/2 out) in the other, 2S in all; on 2 nodes each is root of
+    one tree and the other's only child, S in all (NCCL's tuner prices trees on <= 2 nodes at
+    the intra-node rate, on more at the inter-node one)."""
+    return 1.0 if num_nodes == 2 else 2.0
+
+
 def tree(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
-    """Double binary tree across nodes, chain inside: latency O(log nodes), algbw 0.5 busBw."""
-    if op not in ("all-reduce", "broadcast", "reduce"):
+    """NCCL's tree all-reduce: a chain inside each node, a double binary tree across nodes.
+
+    Every rank of a chain sends 2S (S up, S down: algbw = 0.5 busBw); across nodes each node
+    sends `_tree_node_sends` x S over its NICs. Latency O(log nodes). NCCL runs trees for
+    all-reduce only (broadcast and reduce: ring; all-gather, reduce-scatter: ring or NVLS)."""
+    if op != "all-reduce":
         return None
-    ups = 2 if op == "all-reduce" else 1
-    hops_intra = ups * (g.ranks_per_node - 1)
-    hops_inter = ups * math.ceil(math.log2(g.num_nodes)) if g.num_nodes > 1 else 0
-    bw = g.intra_bw_bytes_per_s
+    hops_intra = 2 * (g.ranks_per_node - 1)
+    hops_inter = 2 * math.ceil(math.log2(g.num_nodes)) if g.num_nodes > 1 else 0
+    bw = g.intra_bw_bytes_per_s if g.ranks_per_node > 1 else math.inf
     if g.num_nodes > 1:
-        bw = min(bw, g.inter_bw_bytes_per_s) if g.ranks_per_node > 1 else g.inter_bw_bytes_per_s
+        bw = min(bw, g.inter_bw_bytes_per_s * 2 / _tree_node_sends(g.num_nodes))
     latency = hops_intra * g.intra_latency_s + hops_inter * g.inter_latency_s
     hops = max(1, hops_intra + hops_inter)
-    return [Phase(ups * nbytes, bw, latency, latency * (hops - 1) / hops)]
+    return [Phase(2 * nbytes, bw, latency, latency * (hops - 1) / hops)]
 
 
 def _nvls_phase(op: Op, nbytes: float, g: GroupLinks) -> Phase | None:
@@ -130,12 +145,28 @@ def _two_level(op: Op, nbytes: float, g: GroupLinks, intra: list[Phase]) -> list
     return [*intra, _inter_phase(op, nbytes, g)]
 
 
+def _tree_inter_phase(nbytes: float, g: GroupLinks) -> Phase:
+    """NVLS_TREE's network part: one double binary tree per rail, each on S / ranks_per_node."""
+    per_rank_bw = g.inter_bw_bytes_per_s / g.ranks_per_node
+    wire = _tree_node_sends(g.num_nodes) * nbytes / g.ranks_per_node
+    hops = 2 * math.ceil(math.log2(g.num_nodes))
+    latency = hops * g.inter_latency_s
+    return Phase(wire, per_rank_bw, latency, latency * (hops - 1) / hops, link="inter")
+
+
 def nvls(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
-    """NVLink SHARP inside each node (one switch round); ring across nodes when multi-node."""
+    """NVLink SHARP: one switch round inside a node (all-reduce, all-gather, reduce-scatter).
+
+    Across nodes NCCL runs NVLS_TREE, for all-reduce only: NVLS inside each node, a tree per rail
+    across nodes (NCCL enables plain NVLS on several nodes only with IB SHARP, not modelled)."""
     if op not in ("all-reduce", "all-gather", "reduce-scatter"):
         return None
     phase = _nvls_phase(op, nbytes, g)
-    return None if phase is None else _two_level(op, nbytes, g, [phase])
+    if phase is None:
+        return None
+    if g.num_nodes == 1:
+        return [phase]
+    return [phase, _tree_inter_phase(nbytes, g)] if op == "all-reduce" else None
 
 
 def hierarchical(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:

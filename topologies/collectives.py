@@ -101,7 +101,11 @@ def _phases_s(phases: list[Phase], proto: Protocol) -> float:
         data = p.wire_bytes / bw if bw > 0 else math.inf
         per_link[p.link] = per_link.get(p.link, 0.0) + data
     data_s = max(per_link.values(), default=0.0)
-    depth = sum(p.depth_s for p in phases)
+    # one chain of phases: all of its latency but its longest single step (a phase's last step
+    # is latency_s - depth_s); summing each phase's depth_s dropped one step per phase, so a
+    # chain of one-step phases had no fill at all
+    last_step_s = max((p.latency_s - p.depth_s for p in phases), default=0.0)
+    depth = max(0.0, sum(p.latency_s for p in phases) - last_step_s)
     pipe_s = 2 * math.sqrt(depth * data_s) if proto.pipelined and data_s < math.inf else 0.0
     return latency + data_s + pipe_s
 
