@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict
 
 from forecast.kernels import ITEMSIZE_BYTES
 from simulator.memory import (
+    FP8_WEIGHT_CACHE_BYTES_PER_ELEMENT,
     activation_itemsize_bytes,
     grad_itemsize_bytes,
     param_itemsize_bytes,
@@ -131,7 +132,8 @@ def _fp8_weight_cache_bytes(inputs: SimInputs, layout: Layout, stage: int) -> fl
     run = layout.run
     parts = [chunk_gemm_weights(inputs.model, run, n) for n in layout.layers_per_stage[stage]]
     gemm, expert = sum(p for p, _ in parts), sum(e for _, e in parts)
-    return 2.0 * (layout.sharded(gemm, expert) if run.zero_stage >= 3 else gemm)
+    held = layout.sharded(gemm, expert) if run.zero_stage >= 3 else gemm
+    return FP8_WEIGHT_CACHE_BYTES_PER_ELEMENT * held
 
 
 def stage_memory(

@@ -7,7 +7,8 @@ with ``attention = "flash"``;
 the MLP's 16 of the 34 scale with ffn / 4h, and are 24 for SwiGLU: `parallel_units`; a MoE
 layer adds the copies of each token it routes to its experts: `routed_units`); fp8 training
 under Megatron-LM (TransformerEngine) keeps bf16 activations but for the fp8 copies of the
-GEMMs' inputs (`saved_bytes`); inference keeps two layers' worth alive. Adam keeps two fp32
+GEMMs' inputs (`saved_bytes`), and holds an fp8 copy of each GEMM weight and of its
+transpose (`gemm_weights`); inference keeps two layers' worth alive. Adam keeps two fp32
 moments per parameter, plus an fp32 master copy when training in a 16-bit type.
 """
 
@@ -104,6 +105,24 @@ def saved_bytes(
     return SavedBytes(replicated=2.0 * x + masks + 2.0 * g, parallel=parallel, routed=routed)
 
 
+# TransformerEngine's fp8 copy of each GEMM weight and of its transpose, cached across
+# micro-batches (`dist_memory._fp8_weight_cache_bytes`): 1 + 1 bytes a weight element
+FP8_WEIGHT_CACHE_BYTES_PER_ELEMENT = 2
+
+
+def gemm_weights(model: ModelSpec, layers: int, *, tp: int = 1, ep: int = 1) -> tuple[float, float]:
+    """Elements of the GEMM weights (QKV, projection, the MLP's; not the router, norms, biases
+    or the tables) one GPU holds of ``layers`` layers over ``tp`` (experts also over ``ep``),
+    and how many of them are expert weights: what TransformerEngine casts to fp8."""
+    h, qd, kvd = model.hidden_size, model.num_heads * model.dhead, model.kv_heads * model.dhead
+    mats = 3 if model.activation == "swiglu" else 2
+    attention = (h * (qd + 2 * kvd) + qd * h) / tp
+    mlp = mats * h * model.ffn_hidden_size / tp
+    moe = model.moe_layers(layers)
+    expert = moe * mlp * model.num_experts / ep
+    return layers * attention + (layers - moe) * mlp + expert, expert
+
+
 def score_bytes(model: ModelSpec, seq: int, dtype: Dtype, framework: Framework) -> float:
     """Unfused attention's scores per token and hidden element: softmax output and dropout
     output in the activations' element size (bf16 under TransformerEngine's fp8), and the
@@ -192,7 +211,8 @@ def step_memory(
 
 
 def estimate_memory(model: ModelSpec, run: Workload, gpu: GPUSpec) -> MemoryEstimate:
-    """Weights, gradients, Adam state and activations of one training step or inference."""
+    """Weights, gradients, Adam state and activations of one training step or inference
+    (the weights with TransformerEngine's cached fp8 copies when training in fp8)."""
     item = ITEMSIZE_BYTES[run.dtype]
     # the output layer is no fp8 GEMM under TransformerEngine: bf16 logits
     logit_item = activation_itemsize_bytes(run.dtype, run.framework)
@@ -203,4 +223,11 @@ def estimate_memory(model: ModelSpec, run: Workload, gpu: GPUSpec) -> MemoryEsti
     else:
         acts = 2.0 * layer_activation_bytes(model, run) + logits
     n = float(model.num_params())
-    return step_memory(num_params=n, item_bytes=item, train=train, activations_bytes=acts, gpu=gpu)
+    mem = step_memory(num_params=n, item_bytes=item, train=train, activations_bytes=acts, gpu=gpu)
+    if not (train and te_fp8(run.dtype, run.framework)):
+        return mem
+    # TE's cached fp8 weights and transposes, as `dist_memory` counts them
+    cache = FP8_WEIGHT_CACHE_BYTES_PER_ELEMENT * gemm_weights(model, model.num_layers)[0]
+    total = mem.total_bytes + cache
+    update = {"weights_bytes": mem.weights_bytes + cache, "total_bytes": total}
+    return mem.model_copy(update={**update, "fits": total <= gpu.hbm_bytes})

@@ -25,11 +25,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from forecast.flash_attention import FLASH_ATTENTION_AMD_ISAS, has_flash_attention
 from forecast.gpus import GPUSpec
 from forecast.kernels import Dtype, KernelSpec, OpFamily
-
-__all__ = ["FLASH_ATTENTION_AMD_ISAS", "has_flash_attention"]  # re-exported for scenario
 from simulator.errors import ConfigError
 from simulator.models import ModelSpec
 from simulator.oprules import FrameworkOp
+
+# the imported names this module re-exports (`scenario`, tests); its own names are public too
+__all__ = ["FLASH_ATTENTION_AMD_ISAS", "has_flash_attention"]
 
 
 class Phase(StrEnum):
@@ -254,6 +255,10 @@ def optimizer_kernels(run: Workload, blocks: tuple[Block, ...]) -> list[Op]:
 def _expand(blocks: tuple[Block, ...], run: Workload) -> list[Op]:
     ops: list[Op] = []
     train = run.mode == "train"
+    # gradients accumulate in bf16 under TransformerEngine's fp8 (`memory.te_fp8`; its
+    # weight-gradient GEMMs write bf16), else in the workload's dtype
+    te_fp8 = run.dtype is Dtype.FP8 and run.framework == "megatron"
+    grad_dtype = Dtype.BF16 if te_fp8 else run.dtype
     for b in blocks:
         for fop in b.ops:
             if fop.train_only and not train:
@@ -266,7 +271,7 @@ def _expand(blocks: tuple[Block, ...], run: Workload) -> list[Op]:
             ops += [
                 Op(
                     f"{name}.acc",
-                    KernelSpec(OpFamily.ELEMENTWISE, s, run.dtype, "add"),
+                    KernelSpec(OpFamily.ELEMENTWISE, s, grad_dtype, "add"),
                     b.repeat,
                     Phase.BACKWARD,
                 )

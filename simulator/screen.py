@@ -77,8 +77,10 @@ class ScreenCache:
     zero3: dict[tuple[Any, ...], dict[Any, float]] = field(default_factory=dict)
 
     def block(self, run: RunConfig) -> BlockTimes:
-        """Kernel seconds per block for this shard shape."""
-        key = (run.tp, run.cp, run.ep, run.micro_batch_size, run.sequence_parallel)
+        """Kernel seconds per block for this shard shape (and whether the weight-gradient
+        GEMMs fuse the gradient adds: `RunConfig.grad_accumulation_fusion`)."""
+        shape = (run.tp, run.cp, run.ep, run.micro_batch_size, run.sequence_parallel)
+        key = (*shape, run.grad_accumulation_fusion)
         if key not in self.blocks:
             sk = shard_kernels(self.inputs, run)
             self.blocks[key] = block_times(sk, self.table, run)

@@ -45,6 +45,7 @@ from simulator import oprules as r
 from simulator.errors import ConfigError
 from simulator.inventory_hf import Sizes, sizes
 from simulator.inventory_megatron import activation_dtype
+from simulator.memory import gemm_weights, te_fp8
 from simulator.models import ModelSpec
 from simulator.opgraph import Block, Workload, inventory
 from simulator.oprules import FrameworkOp
@@ -237,11 +238,13 @@ def sequence_parallel_block(block: Block, whole: Block, w: Workload, tp: int) ->
 def _block_kernels(
     block: Block, w: Workload, *, backward: bool, only: frozenset[str], fused_wgrad: bool
 ) -> Counted:
-    """``block``'s kernels of one phase (of its ops named ``only``, if given)."""
+    """``block``'s kernels of one phase (of its ops named ``only``, if given); the gradient
+    adds in bf16 under TransformerEngine's fp8 (its weight-gradient GEMMs write bf16)."""
+    grad_dtype = Dtype.BF16 if te_fp8(w.dtype, w.framework) else w.dtype
     ks: list[KernelSpec] = []
     for fop in block.ops:
         if not only or fop.name in only:
-            ks += _expand(fop, w.dtype, backward=backward, fused_wgrad=fused_wgrad)
+            ks += _expand(fop, grad_dtype, backward=backward, fused_wgrad=fused_wgrad)
     return tuple((k, 1) for k in ks)
 
 
@@ -306,6 +309,19 @@ def _column_gemms(layer: Block, w: Workload, *, wgrad: bool) -> tuple[Counted, .
     return (attn, mlp)
 
 
+def _sequence_parallel_blocks(
+    inputs: SimInputs, run: RunConfig, w: Workload, blocks: tuple[Block, Block, Block]
+) -> tuple[Block, Block, Block]:
+    """The TP shard's embed, layer and head under sequence parallelism
+    (`sequence_parallel_block`, against the unsplit model's same blocks)."""
+    unsplit = shard_model(inputs.model, run.model_copy(update={"tp": 1}))
+    whole = {b.name: b for b in inventory(unsplit, w)}
+    if inputs.framework == "megatron":
+        whole["head"] = _with_loss(whole["head"], sizes(unsplit, w))
+    embed, layer, head = (sequence_parallel_block(b, whole[b.name], w, run.tp) for b in blocks)
+    return embed, layer, head
+
+
 def shard_kernels(inputs: SimInputs, run: RunConfig) -> ShardKernels:
     """One micro-batch's kernels on one shard, per block and phase."""
     w = Workload(
@@ -328,18 +344,11 @@ def shard_kernels(inputs: SimInputs, run: RunConfig) -> ShardKernels:
         z = sizes(shard, w)
         head = _with_loss(head, z)
     if run.sequence_parallel and run.tp > 1:
-        unsplit = shard_model(inputs.model, run.model_copy(update={"tp": 1}))
-        whole = {b.name: b for b in inventory(unsplit, w)}
-        if inputs.framework == "megatron":
-            whole["head"] = _with_loss(whole["head"], sizes(unsplit, w))
-        embed, layer, head = (
-            sequence_parallel_block(b, whole[b.name], w, run.tp) for b in (embed, layer, head)
-        )
+        embed, layer, head = _sequence_parallel_blocks(inputs, run, w, (embed, layer, head))
+    fused = run.grad_accumulation_fusion and inputs.framework == "megatron"
 
     def kernels(block: Block, *, backward: bool, only: frozenset[str] = frozenset()) -> Counted:
         return _block_kernels(block, w, backward=backward, only=only, fused_wgrad=fused)
-
-    fused = run.grad_accumulation_fusion and inputs.framework == "megatron"
 
     attention_fw = kernels(layer, backward=False, only=ATTENTION_OPS)
     attention_bw = kernels(layer, backward=True, only=ATTENTION_OPS)
@@ -449,14 +458,8 @@ def moe_layer_params(model: ModelSpec, run: RunConfig) -> float:
 def chunk_gemm_weights(model: ModelSpec, run: RunConfig, layers: int) -> tuple[float, float]:
     """Elements of the GEMM weights (QKV, projection, the MLP's; not the router, norms, biases
     or the tables) one GPU holds for a chunk of ``layers`` layers, and how many of them are
-    expert weights: what TransformerEngine casts to fp8 (`dist_memory`)."""
-    h, qd, kvd = model.hidden_size, model.num_heads * model.dhead, model.kv_heads * model.dhead
-    mats = 3 if model.activation == "swiglu" else 2
-    attention = (h * (qd + 2 * kvd) + qd * h) / run.tp
-    mlp = mats * h * model.ffn_hidden_size / run.tp
-    moe = model.moe_layers(layers)
-    expert = moe * mlp * model.num_experts / run.ep
-    return layers * attention + (layers - moe) * mlp + expert, expert
+    expert weights: what TransformerEngine casts to fp8 (`dist_memory`; `memory.gemm_weights`)."""
+    return gemm_weights(model, layers, tp=run.tp, ep=run.ep)
 
 
 def chunk_params(model: ModelSpec, run: RunConfig, layers: int, *, first: bool, last: bool) -> int:

@@ -236,3 +236,48 @@ def test_fp8_logits_are_cast_from_bf16_and_the_weights_cast_once_a_step() -> Non
     assert [k.dtype for k in head("fp8")] == [Dtype.BF16]
     extra = OPTIMIZER_BYTES_PER_PARAM[Dtype.FP8] - OPTIMIZER_BYTES_PER_PARAM[Dtype.BF16]
     assert extra == 4
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_fp8_gradient_adds_are_bf16_like_every_non_gemm(tp: int) -> None:
+    """The backward's gradient-accumulation adds (one per parameter tensor and micro-batch)
+    add TE's bf16 weight gradients: bf16 kernels, the same as bf16 training's, in the
+    distributed shard and in the single-GPU ops (they were fp8 adds, 3 bytes an element)."""
+    from simulator.opgraph import build_ops
+
+    def adds(dtype: str) -> list[KernelSpec]:
+        sets = ("cluster.gpu='h100-sxm5-80gb'", f"training.dtype='{dtype}'")
+        inputs = resolve(load_scenario(TINY, overrides=sets))
+        sk = shard_kernels(inputs, RunConfig(tp=tp, pp=1, dp=0, micro_batch_size=1))
+        return [k for k, _ in sk.layer_bw if k.op == "add"]
+
+    assert adds("fp8") == adds("bf16")
+    assert adds("fp8") and {k.dtype for k in adds("fp8")} == {Dtype.BF16}
+    ops = build_ops(_small("gpt3-175b"), _run("fp8")).ops
+    acc = [op.kernel for op in ops if op.name.endswith(".acc")]
+    assert acc and {k.dtype for k in acc} == {Dtype.BF16}
+    non_gemm = {op.kernel.dtype for op in ops if op.kernel.family is not OpFamily.LINEAR}
+    assert Dtype.FP8 not in non_gemm
+
+
+@pytest.mark.parametrize("model_id", ["llama3-8b", "gpt3-175b", "mixtral-8x7b"])
+def test_one_gpu_fp8_training_holds_te_weight_caches_as_dist_memory_does(model_id: str) -> None:
+    """`memory.estimate_memory` of a Megatron fp8 training step holds TE's fp8 copy of each
+    GEMM weight and its transpose, 2 bytes a GEMM weight element over bf16's weights (as
+    `dist_memory` counts them); not in inference, nor under hf-eager."""
+    from forecast.gpus import load_gpu
+    from simulator.memory import estimate_memory
+
+    m, gpu = _small(model_id), load_gpu("h100-sxm5-80gb")
+    h, qd, kvd = m.hidden_size, m.num_heads * m.dhead, m.kv_heads * m.dhead
+    mlp = (3 if m.activation == "swiglu" else 2) * h * m.ffn_hidden_size
+    per_layer = h * (qd + 2 * kvd) + qd * h + mlp * (m.num_experts if m.num_experts > 1 else 1)
+    gemm = m.num_layers * per_layer
+
+    def weights(dtype: str, mode: str = "train", framework: str = "megatron") -> float:
+        run = _run(dtype, mode=mode).model_copy(update={"framework": framework})
+        return estimate_memory(m, run, gpu).weights_bytes
+
+    assert weights("fp8") - weights("bf16") == pytest.approx(2 * gemm)
+    assert weights("fp8", framework="hf-eager") == weights("bf16", framework="hf-eager")
+    assert weights("fp8", mode="inf") == weights("bf16", mode="inf") / 2  # 1-byte weights

@@ -38,3 +38,19 @@ def test_fusion_makes_a_step_faster_and_off_is_the_default() -> None:
     fused = run.model_copy(update={"grad_accumulation_fusion": True})
     table = latency_table(inputs, [run, fused])
     assert simulate(inputs, fused, table).iteration_s < simulate(inputs, run, table).iteration_s
+
+
+def test_one_screen_cache_tells_fused_from_unfused() -> None:
+    """`ScreenCache` memoises block times per shard shape: a run with the adds fused, screened
+    after one without on the same cache, gets its own (faster) blocks, as a fresh cache gives."""
+    from simulator.screen import ScreenCache, screen
+
+    inputs = resolve(load_scenario(TINY))
+    run = load_scenario(TINY).run
+    fused = run.model_copy(update={"grad_accumulation_fusion": True})
+    table = latency_table(inputs, [run, fused])
+    shared = ScreenCache(inputs, table)
+    plain_s = screen(shared, run).iteration_s
+    fused_s = screen(shared, fused).iteration_s
+    assert fused_s == screen(ScreenCache(inputs, table), fused).iteration_s
+    assert fused_s < plain_s
