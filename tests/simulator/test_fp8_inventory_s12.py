@@ -23,7 +23,7 @@ import pytest
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from simulator import oprules as r
 from simulator.inventory_megatron import CAST_BYTES_PER_ELEMENT, decoder, fp8_cast, te_linear
-from simulator.models import ModelSpec, load_model
+from simulator.models import DEFAULT_DATA_DIR, ModelSpec, load_model
 from simulator.opgraph import Block, Workload
 from simulator.oprules import FrameworkOp
 from simulator.parallel import RunConfig
@@ -36,7 +36,17 @@ TE_LINEARS = frozenset({"qkv", "proj", "fc1", "fc2", "fc_gate_up", "fc_down"})
 NORM_FUSED = frozenset({"qkv", "fc1", "fc_gate_up"})  # Megatron's TELayerNormColumnParallelLinear
 # catalog ids and NeuSight names: Llama (GQA, SwiGLU, RMSNorm), GPT-3 (biases), Mixtral (MoE),
 # OPT (word_embed_proj_dim projections), BERT (encoder)
-MODELS = ("llama3-8b", "gpt3-175b", "mixtral-8x7b", "opt", "bert_large")
+NEUSIGHT_MODELS = DEFAULT_DATA_DIR / "models"
+
+
+def _neusight(name: str) -> object:
+    """A NeuSight model config, skipped where ../shared is absent (a project-only clone)."""
+    missing = not (NEUSIGHT_MODELS / f"{name}.json").is_file()
+    reason = f"needs the NeuSight model config {NEUSIGHT_MODELS / name}.json"
+    return pytest.param(name, marks=pytest.mark.skipif(missing, reason=reason))
+
+
+MODELS = ("llama3-8b", "gpt3-175b", "mixtral-8x7b", _neusight("opt"), _neusight("bert_large"))
 
 
 def _small(model_id: str) -> ModelSpec:
