@@ -43,3 +43,16 @@ def cannot_write_in(folder: Path) -> str | None:
     except OSError as e:
         return e.strerror or type(e).__name__
     return None
+
+
+def add_set_option(p: argparse.ArgumentParser, example: str) -> None:
+    """``--set TABLE.KEY=VALUE``, repeatable, as `tilesim simulate` and `tilesim sweep` take it
+    (``example``: one or two overrides that command's users write)."""
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="TABLE.KEY=VALUE",
+        help=f"override one scenario key, e.g. {example} (repeatable; values in TOML syntax)",
+    )

@@ -20,7 +20,7 @@ from simulator.dist_validate import (
     check_published,
     markdown,
 )
-from simulator.errors import ConfigError, cannot_write_in, path_arg
+from simulator.errors import ConfigError, add_set_option, cannot_write_in, path_arg
 from simulator.models import DEFAULT_DATA_DIR
 from simulator.parallel import RunConfig
 from simulator.results import StepResult
@@ -36,14 +36,7 @@ def add_simulate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument(
         "scenario", type=path_arg, help="shipped id (scenarios/*.toml stem, _ as -) or TOML path"
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="TABLE.KEY=VALUE",
-        help="override one key, e.g. run.tp=8 (repeatable; values in TOML syntax)",
-    )
+    add_set_option(p, "run.tp=8")
     p.add_argument(
         "--trace",
         type=path_arg,

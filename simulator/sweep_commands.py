@@ -25,7 +25,13 @@ from pathlib import Path
 from tqdm import tqdm
 
 from forecast.files import write_text_atomic
-from simulator.errors import ConfigError, InfeasibleConfig, at_least, cannot_write_in
+from simulator.errors import (
+    ConfigError,
+    InfeasibleConfig,
+    add_set_option,
+    at_least,
+    cannot_write_in,
+)
 from simulator.report import RANKINGS, markdown_report, top_table
 from simulator.rows import (
     PROGRESS,
@@ -85,15 +91,7 @@ def add_sweep_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         default=PER_CONTEXT,
         help="also simulate the N fastest of each cluster size and option (default: %(default)s)",
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="TABLE.KEY=VALUE",
-        help="override one scenario key, e.g. training.global_batch_size=2048 or "
-        "sweep.tp=[4,8] (repeatable; values in TOML syntax)",
-    )
+    add_set_option(p, "training.global_batch_size=2048 or sweep.tp=[4,8]")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_sweep)
     p = sub.add_parser("plot", help="redraw a sweep's figures from its rows alone")
