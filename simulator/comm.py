@@ -65,7 +65,7 @@ from simulator.memory import (
 )
 from simulator.parallel import Layout
 from simulator.scenario import SimInputs
-from simulator.stagecost import end_tensors
+from simulator.shard_params import end_tensors
 from topologies import Cluster, collective_estimate, collective_time_s
 from topologies.algorithms import Op
 

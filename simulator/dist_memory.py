@@ -5,7 +5,7 @@ Per parameter (mixed precision, Megatron): 16-bit weights (2 B), fp32 main gradi
 fp8 training is bf16's plus TransformerEngine's cached fp8 copy of each GEMM weight and of its
 transpose (2 B per GEMM weight element, `_fp8_weight_cache_bytes`). A GPU of a TP group holds
 ``1/tp`` of the column- and row-parallel weights and the column-parallel biases, and the norms
-and row-parallel biases whole (`stagecost.dense_layer_params`).
+and row-parallel biases whole (`shard_params.dense_layer_params`).
 ZeRO-1 and the distributed optimizer divide the optimizer state by the dp x cp group, ZeRO-2
 also the gradients, ZeRO-3 also the weights, plus the gathered working set: ZeRO-3 gathers
 module by module (DeepSpeed, FSDP), so the stage's two largest modules are live in full (the one
@@ -48,7 +48,7 @@ from simulator.memory import (
 )
 from simulator.parallel import Layout
 from simulator.scenario import SimInputs
-from simulator.stagecost import (
+from simulator.shard_params import (
     chunk_expert_params,
     chunk_gemm_weights,
     dense_layer_params,

@@ -32,13 +32,8 @@ from simulator.comm import (
 from simulator.execgraph import ChunkCost, StepCosts
 from simulator.parallel import Layout, RunConfig
 from simulator.scenario import SimInputs
-from simulator.stagecost import (
-    BlockTimes,
-    block_times,
-    chunk_expert_params,
-    chunk_params,
-    shard_kernels,
-)
+from simulator.shard_params import chunk_expert_params, chunk_params
+from simulator.stagecost import BlockTimes, block_times, shard_kernels
 from topologies.algorithms import Op
 
 

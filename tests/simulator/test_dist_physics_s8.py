@@ -17,8 +17,9 @@ from simulator.models import load_model
 from simulator.parallel import RunConfig
 from simulator.scenario import SimInputs, load_scenario, resolve
 from simulator.screen import ScreenCache, _dp_s
+from simulator.shard_params import chunk_params
 from simulator.simulate import latency_table, layout_of, simulate
-from simulator.stagecost import block_times, chunk_params, shard_kernels
+from simulator.stagecost import block_times, shard_kernels
 from simulator.stepcosts import stage_params, step_costs
 from topologies import Cluster
 

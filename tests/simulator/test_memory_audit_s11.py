@@ -50,8 +50,8 @@ from simulator.models import load_model
 from simulator.opgraph import Workload
 from simulator.parallel import RunConfig
 from simulator.scenario import SimInputs, load_scenario, resolve
+from simulator.shard_params import chunk_params, moe_layer_params
 from simulator.simulate import layout_of, peak_memory
-from simulator.stagecost import chunk_params, moe_layer_params
 from simulator.stepcosts import stage_params
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -215,7 +215,7 @@ def test_distributed_stages_hold_opts_projected_tables(pp: int) -> None:
     of the 512-wide head."""
     from simulator.parallel import RunConfig
     from simulator.results import forward_flops_per_token
-    from simulator.stagecost import chunk_params
+    from simulator.shard_params import chunk_params
 
     m = from_hf_config(OPT_350M, "opt-350m", "x.json")
     run = RunConfig(tp=1, pp=pp, dp=1, micro_batch_size=1)

@@ -260,7 +260,7 @@ def test_expert_parameters_per_gpu(tp: int, ep: int) -> None:
     """One GPU holds ``E / ep`` experts of each MoE layer, a ``1 / tp`` shard of each (expert
     tensor parallelism = tp, Megatron-core's default): Mixtral's SwiGLU experts have three
     ``h x f`` matrices and no bias, so ``3 h f E / (tp ep)`` per layer."""
-    from simulator.stagecost import chunk_expert_params
+    from simulator.shard_params import chunk_expert_params
 
     m = load_model("mixtral-8x7b")
     run = RunConfig(tp=tp, pp=1, dp=0, ep=ep, micro_batch_size=1)

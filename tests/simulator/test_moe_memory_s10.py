@@ -37,8 +37,8 @@ from simulator.models import load_model
 from simulator.opgraph import Workload
 from simulator.parallel import RunConfig
 from simulator.scenario import SimInputs, load_scenario, resolve
+from simulator.shard_params import expert_params, moe_layer_params
 from simulator.simulate import layout_of
-from simulator.stagecost import expert_params, moe_layer_params
 
 SEQ, H, FFN, V, LAYERS, K, E = 4096, 4096, 14336, 32000, 32, 2, 8
 ATTENTION = 2 * (2 * 1 + 2 * 8 * 128 / H)  # Q and the projection's input, K and V at 1/4
