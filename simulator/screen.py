@@ -9,18 +9,18 @@ embedding and head on the stages that hold them), ``m`` micro-batches and ``v`` 
     forward-backward = T * (m + (pp - 1) / v) + 2 * hops * hop_s
 
 i.e. the GPipe/1F1B bubble ``(p-1)/(m+p-1)`` (``/v`` interleaved), with ``hops`` the
-point-to-point transfers on the critical path (`pipeline_hops`: fill and drain, plus 1F1B's
-steady-state round trips); where interleaving's sends outlast a chunk's forward or backward,
-the cycles they close pace the steady state instead (`_send_paced_s`). GPipe runs all
-forwards, then all backwards: each phase paced by its own slowest stage
-(`_forward_backward_s`). The DP gradient reduction
+point-to-point transfers on the critical path (`pipeline_forms.pipeline_hops`: fill and
+drain, plus 1F1B's steady-state round trips); where interleaving's sends outlast a chunk's
+forward or backward, the cycles they close pace the steady state instead
+(`pipeline_forms.send_paced_s`). GPipe runs all forwards, then all backwards: each phase
+paced by its own slowest stage (`pipeline_forms.forward_backward_s`). The DP gradient reduction
 (expert gradients over their expert-data-parallel group, as `comm` prices them) of each stage
 hides, all but its last bucket, behind the last backward when it overlaps;
 the sharded optimizer's parameter all-gather and the optimizer step are added. ZeRO-3's
 gathers and scatters share one stream that hides under compute but for its first gather and
 last scatter, or sets the pace (`_with_zero3_s`); ``deepspeed-2021`` ZeRO-3 blocks each
 micro-batch on them (`comm.zero3_blocking_s`). Memory is `dist_memory`'s, with
-the schedule's in-flight micro-batches in closed form (`in_flight_closed`).
+the schedule's in-flight micro-batches in closed form (`pipeline_forms.in_flight_closed`).
 
 Kernel block times and collective costs repeat across layouts, so `ScreenCache` memoises them
 per shard shape and per (collective, bytes, group); a cache lives in one worker.
@@ -43,6 +43,7 @@ from simulator.comm import (
 from simulator.dist_memory import MemoryBreakdown, stage_memory
 from simulator.memory import grad_itemsize_bytes, param_itemsize_bytes
 from simulator.parallel import Layout, RunConfig
+from simulator.pipeline_forms import forward_backward_s, in_flight_closed, pipeline_sends_s
 from simulator.scenario import SimInputs
 from simulator.simulate import layout_of
 from simulator.stagecost import BlockTimes, block_times, shard_kernels
@@ -52,16 +53,6 @@ from simulator.stepcosts import (
     stage_params,
     tp_bw_exposed_s,
 )
-
-
-def in_flight_closed(schedule: str, pp: int, m: int, v: int, stage: int) -> int:
-    """Micro-batch activations a stage holds at once (equals `schedules.in_flight`)."""
-    if schedule == "gpipe":
-        return m * v
-    total = m * v
-    later = pp - stage - 1
-    warm = min(later, m) if v == 1 else min(later * 2 + (v - 1) * pp, total)
-    return warm + 1 if total > warm else total
 
 
 @dataclass
@@ -170,71 +161,6 @@ def _stage_mb_s(cache: ScreenCache, layout: Layout) -> list[float]:
     return [f + b for f, b in _stage_parts_s(cache, layout)]
 
 
-def pipeline_hops(schedule: str, pp: int, m: int, v: int) -> float:
-    """One-way sends on the critical path of a pipeline of equal stages (fitted to nothing: the
-    execution graph gives these exactly, `tests/simulator/test_schedule_audit_s11.py`). GPipe
-    and interleaved 1F1B: the fill and the drain cross every boundary once, ``pp*v - 1`` each.
-    1F1B: stage 0 holds ``pp`` micro-batches, so micro-batch ``i + pp`` waits on ``i``'s round
-    trip, ``pp - 1`` sends each way; with ``m = q pp + r`` (``1 <= r <= pp``) the path takes
-    ``q + 1`` round trips and turns back in the last ``r - 2`` stages above the first:
-    ``(pp-1)(q+1) + max(0, r-2)`` (``(pp-1)m/pp + pp - 2`` where ``pp`` divides ``m``). These
-    paths hold all ``m + pp - 1`` forwards and backwards, so GPipe and 1F1B stay exact for
-    sends of any length; interleaving's longer sends add `_send_paced_s`."""
-    if pp == 1:
-        return 0.0
-    if schedule == "gpipe" or v > 1:
-        return float(pp * v - 1)
-    q, r = divmod(m - 1, pp)
-    return float((pp - 1) * (q + 1) + max(0, r - 1))
-
-
-def _send_paced_s(pp: int, m: int, v: int, chunk: tuple[float, float], hop_s: float) -> float:
-    """What interleaved 1F1B loses to sends ``h`` longer than a chunk's compute (``chunk``: the
-    pacing stage's forward ``f`` and backward ``b`` of one micro-batch through one chunk).
-
-    Two cycles outrun the steady state's ``f + b`` per forward-backward pair. The ring: chunk
-    ``c + 1`` on stage 0 waits on chunk ``c`` on stage ``pp - 1`` (backwards the other way), so
-    past ``h = min(f, b)`` each ring-linked pair takes ``max(f, b) + h``; those are ``v - 1`` of
-    the ``v`` chunks of every micro-batch after the first ``pp``. Neighbours: past
-    ``2h = f + b`` the path turns back and forth across stage boundaries, an up and down pair
-    of sends for a forward and a backward, ``floor(g (pp-1) / 2)`` turns over ``g = m / pp``
-    groups (``floor(pp/2) - 1`` for one). These are the path's counts on the execution graph:
-    exact for ``m <= 4 pp``, any ``b / f`` and send; beyond, a lower bound within 6% for sends
-    up to 4 chunk forwards (`tests/simulator/test_screen_sends_s12.py`)."""
-    f, b = chunk
-    g = m // pp
-    turns = pp // 2 - 1 if g == 1 else g * (pp - 1) // 2
-    ring = (m - pp) * (v - 1) * max(0.0, hop_s - min(f, b))
-    return ring + 2 * turns * max(0.0, hop_s - (f + b) / 2)
-
-
-def pipeline_sends_s(
-    schedule: str, parts: list[tuple[float, float]], m: int, v: int, hop_s: float
-) -> float:
-    """Seconds the sends add to `_forward_backward_s`'s span (``parts``: each stage's forward
-    and backward of one micro-batch): ``2 * pipeline_hops * hop_s``, and where interleaving's
-    sends outlast the pacing stage's chunk, `_send_paced_s`."""
-    pp = len(parts)
-    sends = 2 * pipeline_hops(schedule, pp, m, v) * hop_s
-    if pp == 1 or schedule == "gpipe" or v == 1:
-        return sends
-    f, b = max(parts, key=lambda p: p[0] + p[1])
-    return sends + _send_paced_s(pp, m, v, (f / v, b / v), hop_s)
-
-
-def _forward_backward_s(schedule: str, parts: list[tuple[float, float]], m: int, v: int) -> float:
-    """Forward-backward span without sends, from each stage's forward and backward of one
-    micro-batch (``parts``). GPipe runs every forward, then every backward, each phase a flow
-    shop of ``m`` equal jobs (the sum of the stages' times plus ``m - 1`` of the slowest
-    stage's); 1F1B alternates, so its slowest stage's forward plus backward sets the pace,
-    ``T * (m + (pp - 1) / v)``."""
-    pp = len(parts)
-    if schedule == "gpipe":
-        fw, bw = [f for f, _ in parts], [b for _, b in parts]
-        return sum(fw) + sum(bw) + (m - 1) * (max(fw) + max(bw))
-    return max(f + b for f, b in parts) * (m + (pp - 1) / v)
-
-
 def _plus(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
     return a[0] + b[0], a[1] + b[1]
 
@@ -332,7 +258,7 @@ def screen(cache: ScreenCache, run: RunConfig) -> Screened:
         parts = [_plus(fb, _zero3_blocking_s(cache, layout, s)) for s, fb in enumerate(parts)]
     if run.pp_blocking_sends and pp > 1:  # each chunk's forward and backward wait on a send
         parts = [_plus(fb, (v * lc.pp_hop_s, v * lc.pp_hop_s)) for fb in parts]
-    fb = _with_zero3_s(cache, layout, params, _forward_backward_s(run.schedule, parts, m, v))
+    fb = _with_zero3_s(cache, layout, params, forward_backward_s(run.schedule, parts, m, v))
     fb += pipeline_sends_s(run.schedule, parts, m, v, lc.pp_hop_s)
     adam = cache.block(run).adam_s_per_param
     last_bw = min(b for _, b in parts) / v

@@ -9,11 +9,12 @@ import pytest
 
 from simulator.execgraph import ChunkCost, StepCosts, build_exec_graph
 from simulator.models import load_model
+from simulator.pipeline_forms import pipeline_hops
 from simulator.results import forward_flops_per_token
 from simulator.scenario import load_scenario, resolve
 from simulator.scheduler import schedule
 from simulator.schedules import SCHEDULES, in_flight
-from simulator.screen import ScreenCache, pipeline_hops, screen
+from simulator.screen import ScreenCache, screen
 from simulator.simulate import latency_table, simulate, simulate_timeline
 from simulator.space import find_scenario
 

@@ -17,11 +17,12 @@ import pytest
 
 from simulator.cli import main
 from simulator.errors import ConfigError
+from simulator.pipeline_forms import in_flight_closed
 from simulator.report import procurement_table, rank
 from simulator.saved_rows import load_rows
 from simulator.scenario import load_scenario, resolve
 from simulator.schedules import SCHEDULES, in_flight
-from simulator.screen import ScreenCache, in_flight_closed, screen
+from simulator.screen import ScreenCache, screen
 from simulator.simulate import latency_table, simulate
 from simulator.space import enumerate_space, find_scenario
 from simulator.sweep import RayOptions, ray_session, run_sweep
