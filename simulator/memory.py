@@ -185,15 +185,23 @@ def param_itemsize_bytes(dtype: Dtype) -> int:
 
 
 def step_memory(
-    *, num_params: float, item_bytes: float, train: bool, activations_bytes: float, gpu: GPUSpec
+    *,
+    num_params: float,
+    item_bytes: float,
+    train: bool,
+    activations_bytes: float,
+    gpu: GPUSpec,
+    grad_bytes: float | None = None,
 ) -> MemoryEstimate:
     """Weights, and when training gradients plus Adam state (two fp32 moments, and an fp32
     master copy for 16-bit types), plus the given activations, against the GPU's memory.
-    fp8 training keeps 16-bit weights and gradients (Transformer Engine casts to fp8 per GEMM;
-    `param_itemsize_bytes`); fp8 inference holds 1-byte weights."""
+    fp8 training keeps 16-bit weights (Transformer Engine casts to fp8 per GEMM;
+    `param_itemsize_bytes`); fp8 inference holds 1-byte weights. Gradients take the weights'
+    element size unless ``grad_bytes`` says otherwise (Megatron-LM's fp32 main gradients:
+    `grad_itemsize_bytes`)."""
     weights = num_params * (max(2.0, item_bytes) if train else item_bytes)
     if train:
-        grads = weights
+        grads = weights if grad_bytes is None else num_params * grad_bytes
         master = 0.0 if item_bytes == 4 else 4.0 * num_params
         optim = 8.0 * num_params + master
     else:
@@ -223,7 +231,17 @@ def estimate_memory(model: ModelSpec, run: Workload, gpu: GPUSpec) -> MemoryEsti
     else:
         acts = 2.0 * layer_activation_bytes(model, run) + logits
     n = float(model.num_params())
-    mem = step_memory(num_params=n, item_bytes=item, train=train, activations_bytes=acts, gpu=gpu)
+    # Megatron-LM accumulates and reduces fp32 main gradients (16-bit for fp16), as the
+    # distributed memory counts them; HF eager keeps its gradients in the weights' type
+    grads = grad_itemsize_bytes(run.dtype) if run.framework == "megatron" else None
+    mem = step_memory(
+        num_params=n,
+        item_bytes=item,
+        train=train,
+        activations_bytes=acts,
+        gpu=gpu,
+        grad_bytes=grads,
+    )
     if not (train and te_fp8(run.dtype, run.framework)):
         return mem
     # TE's cached fp8 weights and transposes, as `dist_memory` counts them

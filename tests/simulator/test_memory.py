@@ -32,18 +32,25 @@ def test_gpt3_training_does_not_fit_one_gpu() -> None:
     assert mem.optimizer_bytes == pytest.approx(12 * load_model("gpt3-175b").num_params())
 
 
-@pytest.mark.parametrize(("dtype", "state"), [("bf16", 16), ("fp16", 16), ("fp8", 16)])
-def test_mixed_precision_state_is_16_bytes_a_parameter(dtype: str, state: int) -> None:
-    """2-byte weights and gradients, fp32 master copy and two moments (ZeRO's 2 + 2 + 12):
-    fp8 training too, whose weights stay 16-bit (it counted 1 + 1 + 12), beside TE's cached
-    fp8 copies of the GEMM weights (`memory.gemm_weights`, 2 bytes an element)."""
+@pytest.mark.parametrize(
+    ("dtype", "grad", "state"), [("bf16", 4, 18), ("fp16", 2, 16), ("fp8", 4, 18)]
+)
+def test_mixed_precision_state_per_parameter(dtype: str, grad: int, state: int) -> None:
+    """2-byte weights, fp32 master copy and two moments (12), and Megatron-LM's main gradients:
+    fp32 for bf16 and fp8 (it forces fp32 accumulation; they were counted at 2 bytes while the
+    distributed memory counted 4), 16-bit for fp16 (ZeRO's 2 + 2 + 12). fp8 weights stay 16-bit
+    (it counted 1 + 1 + 12), beside TE's cached fp8 copies of the GEMM weights
+    (`memory.gemm_weights`, 2 bytes an element)."""
     model = load_model("tiny-gpt")
     run = Workload(batch=1, seq=64, mode="train", framework="megatron", dtype=dtype)
     mem = estimate_memory(model, run, load_gpu("h200-sxm-141gb"))
     n = model.num_params()
     cache = 2 * gemm_weights(model, model.num_layers)[0] if dtype == "fp8" else 0.0
-    assert mem.weights_bytes - cache == mem.gradients_bytes == 2 * n
+    assert mem.weights_bytes - cache == 2 * n and mem.gradients_bytes == grad * n
     assert mem.weights_bytes - cache + mem.gradients_bytes + mem.optimizer_bytes == state * n
+    if dtype != "fp8":  # HF eager keeps its gradients in the weights' type
+        eager = run.model_copy(update={"framework": "hf-eager"})
+        assert estimate_memory(model, eager, load_gpu("h200-sxm-141gb")).gradients_bytes == 2 * n
     inference = estimate_memory(
         model, run.model_copy(update={"mode": "inf"}), load_gpu("h200-sxm-141gb")
     )
