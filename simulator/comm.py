@@ -25,8 +25,7 @@ sequence-parallel all-gathers, which TE quantizes first: ``A / 2``, `te_gather_b
   (selective or full recompute) runs its forward ring again (`stepcosts`).
 * EP (MoE), per MoE layer: 2 all-to-alls of ``A * experts_per_token`` forward, 2 backward,
   ``/ tp`` with sequence parallelism (each TP rank dispatches its own ``s / tp`` tokens).
-  Megatron-LM runs MoE with tp > 1 only with sequence parallelism; without it the whole
-  micro-batch is dispatched.
+  Without sequence parallelism (tp 1) the whole micro-batch is dispatched.
 * TP of a MoE layer's experts (Megatron-core's ``MoEAlltoAllTokenDispatcher``,
   megatron/core/transformer/moe/token_dispatcher.py): after the all-to-all the expert shards
   all-gather the routed tokens over TP (``gather_from_sequence_parallel_region``) and
@@ -34,9 +33,9 @@ sequence-parallel all-gathers, which TE quantizes first: ``A / 2``, `te_gather_b
   experts_per_token`` experts, so both move ``k * A``. The expert linears run with
   ``explicit_expert_comm`` (no collective of their own, the gathered input saved whole): no
   backward re-gather, nothing overlapped with their GEMMs; backward runs the same two
-  (the all-gather of the output gradient, the reduce-scatter of the input gradient). Without
-  sequence parallelism every TP rank holds all tokens and the row-parallel experts' output is
-  all-reduced, ``k * A`` each way. The attention's linears keep the dense pattern of ``A``
+  (the all-gather of the output gradient, the reduce-scatter of the input gradient); MoE with
+  tp > 1 runs under sequence parallelism only (`parallel.check_run`, as Megatron-LM asserts).
+  The attention's linears keep the dense pattern of ``A``
   (``tp_moe_s``: the expert half, one direction).
 * PP: one send-recv of ``A / tp`` per stage boundary and micro-batch, each direction (Megatron's
   scatter/gather optimisation: each TP rank sends one slice, then the receiving TP group
@@ -61,8 +60,8 @@ from simulator.memory import (
     activation_itemsize_bytes,
     grad_itemsize_bytes,
     param_itemsize_bytes,
-    te_fp8,
 )
+from simulator.opgraph import te_fp8
 from simulator.parallel import Layout
 from simulator.scenario import SimInputs
 from simulator.shard_params import end_tensors
@@ -98,9 +97,9 @@ class LayerComm:
     tp_ag_s: float
     tp_rs_s: float
     # A MoE layer's expert half, one direction: the dispatcher's TP all-gather and
-    # reduce-scatter of the ``k * A`` routed tokens (all-reduce without SP), blocking; 0.0 for
-    # a dense layer. ``tp_pairs``: the linear pairs whose collectives move ``A`` (attention and
-    # MLP; attention alone in a MoE layer).
+    # reduce-scatter of the ``k * A`` routed tokens, blocking; 0.0 for a dense layer (and at
+    # tp 1, the one MoE layout without sequence parallelism). ``tp_pairs``: the linear pairs
+    # whose collectives move ``A`` (attention and MLP; attention alone in a MoE layer).
     tp_moe_s: float = 0.0
     tp_pairs: int = 2
 
@@ -141,12 +140,12 @@ def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
     tp_one = te_ag + rs if sp else ar
     moe = m.num_experts > 1  # every layer (`ModelSpec.moe_every` > 1 is Switch only)
     ka = a * m.experts_per_token  # the routed tokens an expert shard gathers
-    if not moe:
-        tp_moe = 0.0
-    elif sp:
-        tp_moe = collective_s("all-gather", ka, g, cl) + collective_s("reduce-scatter", ka, g, cl)
-    else:
-        tp_moe = collective_s("all-reduce", ka, g, cl)
+    # (MoE with tp > 1 runs under sequence parallelism only: `parallel.check_run`)
+    tp_moe = (
+        collective_s("all-gather", ka, g, cl) + collective_s("reduce-scatter", ka, g, cl)
+        if moe and sp
+        else 0.0
+    )
     pairs = 1 if moe else 2  # linear pairs moving ``A``: attention (and a dense MLP)
     kv = 2 * run.micro_batch_size * inputs.seq_len * m.kv_heads * m.dhead / run.tp
     kv_bytes = kv * activation_itemsize_bytes(inputs.dtype, inputs.framework)  # bf16 under fp8

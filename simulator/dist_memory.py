@@ -17,7 +17,7 @@ Activations per layer and micro-batch (Korthikanti et al. 2022, eq. 2 and sectio
 with ffn/4h and are 24 for SwiGLU, and a MoE layer routing each token to ``k`` experts keeps
 them ``k`` times: `memory.parallel_units`; a MoE layer also keeps its experts' input, the ``k``
 routed copies of each token gathered whole on every TP rank, ``+ 2k`` not divided by ``t``:
-`memory.routed_units`):
+`memory.saved_bytes`):
 no recompute ``s*b*h*(10 + 24/t + 5as/(ht))`` (``34/t`` with sequence parallelism; the
 ``5as/h`` score term vanishes with flash attention, `SimInputs.attention`, and its ``s`` is the
 whole sequence under cp: a rank's queries meet every key over the ring),
@@ -44,8 +44,8 @@ from simulator.memory import (
     param_itemsize_bytes,
     saved_bytes,
     score_bytes,
-    te_fp8,
 )
+from simulator.opgraph import te_fp8
 from simulator.parallel import Layout
 from simulator.scenario import SimInputs
 from simulator.shard_params import (

@@ -24,7 +24,7 @@ Fused kernels and how they are modelled with the forecaster's families:
 * fused bias-dropout-add: one element-wise ``add``;
 * fused Adam: see `opgraph.optimizer_kernels`.
 
-fp8 training (`memory.te_fp8`: Megatron-LM with TransformerEngine) runs in fp8 only the GEMMs of
+fp8 training (`opgraph.te_fp8`: Megatron-LM with TransformerEngine) runs in fp8 only the GEMMs of
 TE's linear modules, the layer's QKV, projection and MLP linears (`te_linear`); every other op
 (norms, activation functions, residual adds, embedding, attention, the MoE router, the output
 layer) is the bf16 inventory's (`activation_dtype`). The router is Megatron-core's
@@ -42,9 +42,8 @@ from dataclasses import replace
 from forecast.kernels import FAMILY_OPS, ITEMSIZE_BYTES, Dtype, KernelSpec, OpFamily
 from simulator import oprules as r
 from simulator.inventory_hf import Sizes, attention_core, sizes
-from simulator.memory import te_fp8
 from simulator.models import ModelSpec
-from simulator.opgraph import Block, Workload
+from simulator.opgraph import Block, Workload, te_fp8
 from simulator.oprules import FrameworkOp
 
 ATTN = OpFamily.ATTENTION
@@ -52,7 +51,7 @@ FLASH_KERNEL_DTYPES = frozenset({Dtype.FP16, Dtype.BF16})  # `tensor_core.ATTENT
 
 
 def activation_dtype(dtype: Dtype) -> Dtype:
-    """Element type of every op but TE's linear GEMMs: bf16 under fp8 training (`memory.te_fp8`:
+    """Element type of every op but TE's linear GEMMs: bf16 under fp8 training (`opgraph.te_fp8`:
     TransformerEngine returns bf16 from its fp8 GEMMs), else ``dtype``."""
     return Dtype.BF16 if te_fp8(dtype, "megatron") else dtype
 
@@ -83,7 +82,7 @@ def te_linear(
     train: bool = True,
 ) -> FrameworkOp:
     """A linear of TE's layer (``rows`` tokens, ``dims = (n_in, n_out)``): `oprules.linear` in
-    the workload's dtype, and under fp8 (`memory.te_fp8`) its three GEMMs in fp8 plus TE's
+    the workload's dtype, and under fp8 (`opgraph.te_fp8`) its three GEMMs in fp8 plus TE's
     casts (TE 1.x, transformer_engine/pytorch/module/linear.py ``_Linear``,
     layernorm_linear.py ``_LayerNormLinear``, base.py ``grad_output_preprocess``):
 

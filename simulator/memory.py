@@ -5,7 +5,7 @@ workload's element size: one layer stores ``s*b*h*(34 + 5*a*s/h)`` bytes of acti
 16-bit (the ``5as/h`` attention-score term vanishes with flash attention, i.e. ``megatron``
 with ``attention = "flash"``;
 the MLP's 16 of the 34 scale with ffn / 4h, and are 24 for SwiGLU: `parallel_units`; a MoE
-layer adds the copies of each token it routes to its experts: `routed_units`); fp8 training
+layer adds the copies of each token it routes to its experts: `saved_bytes`); fp8 training
 under Megatron-LM (TransformerEngine) keeps bf16 activations but for the fp8 copies of the
 GEMMs' inputs (`saved_bytes`), and holds an fp8 copy of each GEMM weight and of its
 transpose (`gemm_weights`); inference keeps two layers' worth alive. Adam keeps two fp32
@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict
 from forecast.gpus import GPUSpec
 from forecast.kernels import ITEMSIZE_BYTES, Dtype
 from simulator.models import ModelSpec
-from simulator.opgraph import Framework, Workload
+from simulator.opgraph import Framework, Workload, te_fp8
 
 GIB = 2**30
 # a dropout mask: torch's native_dropout (and Megatron's fused bias-dropout-add) saves bool
@@ -40,11 +40,6 @@ class MemoryEstimate(BaseModel):
     total_bytes: float
     hbm_bytes: float
     fits: bool
-
-
-def te_fp8(dtype: Dtype, framework: Framework) -> bool:
-    """fp8 training as Megatron-LM runs it, with TransformerEngine: fp8 GEMMs, all else bf16."""
-    return dtype is Dtype.FP8 and framework == "megatron"
 
 
 def activation_itemsize_bytes(dtype: Dtype, framework: Framework = "megatron") -> int:
@@ -85,8 +80,14 @@ def saved_bytes(
       backward), HF eager ``LlamaMLP``'s gate, SiLU(gate) and up (3: SiLU saves its input, the
       multiply both of its inputs); and fc2's input ``g f/h``; a MoE layer keeps that MLP
       part once per expert a token goes to, averaged over the share of MoE layers;
-    * routed (`routed_units`): the experts' first GEMM input, ``g`` per routed copy, and HF
-      eager's weighted expert outputs, ``x`` more.
+    * routed: the experts' first GEMM input, ``g`` per routed copy (``k = experts_per_token``
+      copies of each token; Megatron-core's GroupedMLP / SequentialMLP, HF's
+      ``hidden_states[top_x]``), whole on every TP rank, as the all-to-all dispatcher gathers
+      the routed tokens over TP (``gather_from_sequence_parallel_region``); HF eager adds ``x``
+      more, each expert's output times its routing weight. Megatron-core since its
+      memory-efficient token permutation (2025; Megatron-LM issue 1716) applies the routing
+      probabilities inside the experts' activation and unpermutes without them: nothing more
+      (before, its ``unpermute`` saved ``k x tokens x h / tp``; TransformerEngine PR 1468).
     """
     x = activation_itemsize_bytes(dtype, framework)
     g = ITEMSIZE_BYTES[dtype]
@@ -133,33 +134,9 @@ def score_bytes(model: ModelSpec, seq: int, dtype: Dtype, framework: Framework) 
 
 
 def parallel_units(model: ModelSpec, framework: Framework = "megatron") -> float:
-    """The tensor-parallel part of eq. 2's per-token activations of one layer in 16-bit (24 at
-    ffn = 4h, in 2-byte units of ``h``): attention's 8 (Q, K, V, the projection's input; with
-    grouped-query attention K and V are ``kv_heads / num_heads`` as wide: 4 + 4 kv / heads) and
-    the MLP's saved intermediates, ``2 * ffn / h`` each: GeLU's input and fc2's input (16 at
-    ffn = 4h), Megatron's SwiGLU's gate, up and fc2's input (24 at ffn = 4h), HF eager's
-    SwiGLU's gate, SiLU output, up and down_proj's input (32). A MoE layer keeps that MLP part
-    once per expert a token goes to (``experts_per_token``), averaged over the share of MoE
-    layers (`saved_bytes`)."""
+    """The tensor-parallel part of eq. 2's per-token activations of one layer in 2-byte units
+    of ``h`` (24 at ffn = 4h): `saved_bytes`'s ``parallel`` in bf16."""
     return saved_bytes(model, framework, Dtype.BF16).parallel
-
-
-def routed_units(model: ModelSpec, framework: Framework = "megatron") -> float:
-    """The copies a MoE layer makes of each token it routes, in 2-byte units of ``h`` per token,
-    averaged over the share of MoE layers (0 for a dense model): ``2k`` for the experts' input,
-    each token's hidden state once per expert it goes to (``k = experts_per_token``), which
-    the experts' first linear saves (Megatron-core's GroupedMLP / SequentialMLP; HF's
-    ``hidden_states[top_x]``). Megatron-core's all-to-all token dispatcher all-gathers the
-    routed tokens over TP (``gather_from_sequence_parallel_region``), so every TP rank keeps all
-    ``k x tokens`` of them, ``h`` wide: this part is never divided by ``tp``, with or without
-    sequence parallelism. HF eager adds another ``2k``: each expert's output times its routing
-    weight, a multiply that saves the output for the weight's gradient. Megatron-core, since its
-    memory-efficient token permutation (2025; Megatron-LM issue 1716), applies the routing
-    probabilities inside the experts' activation, whose saved input serves, and unpermutes
-    without them: nothing more. Before that its ``unpermute`` multiplied and saved ``k x
-    tokens x h / tp`` more (TransformerEngine PR 1468 moved the multiply "to avoid saving huge
-    input tensor of unpermute function")."""
-    return saved_bytes(model, framework, Dtype.BF16).routed
 
 
 def layer_activation_bytes(model: ModelSpec, run: Workload) -> float:

@@ -44,6 +44,11 @@ class Phase(StrEnum):
 Framework = Literal["hf-eager", "megatron"]
 
 
+def te_fp8(dtype: Dtype, framework: Framework) -> bool:
+    """fp8 training as Megatron-LM runs it, with TransformerEngine: fp8 GEMMs, all else bf16."""
+    return dtype is Dtype.FP8 and framework == "megatron"
+
+
 MAX_TOKENS = 2**40  # tokens per pass: keeps every tensor's element count inside int64
 
 
@@ -255,10 +260,9 @@ def optimizer_kernels(run: Workload, blocks: tuple[Block, ...]) -> list[Op]:
 def _expand(blocks: tuple[Block, ...], run: Workload) -> list[Op]:
     ops: list[Op] = []
     train = run.mode == "train"
-    # gradients accumulate in bf16 under TransformerEngine's fp8 (`memory.te_fp8`; its
-    # weight-gradient GEMMs write bf16), else in the workload's dtype
-    te_fp8 = run.dtype is Dtype.FP8 and run.framework == "megatron"
-    grad_dtype = Dtype.BF16 if te_fp8 else run.dtype
+    # gradients accumulate in bf16 under TransformerEngine's fp8 (its weight-gradient GEMMs
+    # write bf16), else in the workload's dtype
+    grad_dtype = Dtype.BF16 if te_fp8(run.dtype, run.framework) else run.dtype
     for b in blocks:
         for fop in b.ops:
             if fop.train_only and not train:

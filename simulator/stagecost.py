@@ -45,9 +45,8 @@ from simulator import oprules as r
 from simulator.errors import ConfigError
 from simulator.inventory_hf import Sizes, sizes
 from simulator.inventory_megatron import activation_dtype
-from simulator.memory import te_fp8
 from simulator.models import ModelSpec
-from simulator.opgraph import Block, Workload, inventory
+from simulator.opgraph import Block, Workload, inventory, te_fp8
 from simulator.oprules import FrameworkOp
 from simulator.parallel import RunConfig
 from simulator.scenario import SimInputs

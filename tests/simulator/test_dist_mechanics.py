@@ -114,7 +114,7 @@ def test_moe_activations_grow_with_experts_per_token() -> None:
     """Top-k routing keeps k copies of each token's MLP activations (Korthikanti's 16 of the 24
     tensor-parallel units, here ffn = 4h); it was the same memory for every k. The experts'
     input, k copies of each token gathered whole on every TP rank, adds 2k units not divided
-    by t (`memory.routed_units`); sequence parallelism (Megatron-LM's MoE with TP) divides
+    by t (`memory.saved_bytes`); sequence parallelism (Megatron-LM's MoE with TP) divides
     the 10 replicated units by t too."""
     run = RunConfig(tp=2, pp=2, dp=2, micro_batch_size=2, sequence_parallel=True)
 
@@ -136,7 +136,7 @@ def test_swiglu_mlp_activations_count_gate_up_and_fc2_input() -> None:
     two; a top-2 MoE keeps that MLP part twice. Llama-like ffn = 3.5h: 8 + 21 = 29 units, top-2
     50 (it was 24 x 0.875 = 21 and 21 + 14 = 35: the SwiGLU Mixtral and Llama scenarios
     under-counted their activations), plus the experts' input, 2k = 4 units whole on every TP
-    rank (`memory.routed_units`)."""
+    rank (`memory.saved_bytes`)."""
     run = RunConfig(tp=2, pp=2, dp=2, micro_batch_size=2)
     s, b, h, t = 128, 2, 256, 2
     swiglu = ("model.activation='swiglu'", "model.ffn_hidden_size=896")
