@@ -22,15 +22,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from forecast.flash_attention import FLASH_ATTENTION_AMD_ISAS, has_flash_attention
+from forecast.flash_attention import has_flash_attention
 from forecast.gpus import GPUSpec
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from simulator.errors import ConfigError
 from simulator.models import ModelSpec
 from simulator.oprules import FrameworkOp
-
-# the imported names this module re-exports (`scenario`, tests); its own names are public too
-__all__ = ["FLASH_ATTENTION_AMD_ISAS", "has_flash_attention"]
 
 
 class Phase(StrEnum):

@@ -18,16 +18,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from forecast.flash_attention import FLASH_ATTENTION_AMD_ISAS, has_flash_attention
 from forecast.gpus import GPUError, GPUSpec, load_gpu
 from forecast.kernels import Dtype
 from simulator.errors import ConfigError
 from simulator.models import ModelSpec, load_model
-from simulator.opgraph import (
-    FLASH_ATTENTION_AMD_ISAS,
-    MAX_TOKENS,
-    default_attention,
-    has_flash_attention,
-)
+from simulator.opgraph import MAX_TOKENS, default_attention
 from simulator.parallel import RunConfig
 from topologies import Cluster, ClusterSpec, TopologyError, load_network, load_server
 
@@ -295,7 +291,7 @@ def resolve_cluster(c: ClusterSection, base_dir: str = ".") -> Cluster:
 def resolve_attention(t: TrainingSection, gpu: GPUSpec) -> Attention:
     """The attention implementation a training section runs on ``gpu`` (see
     `TrainingSection`): ``auto`` is unfused where FlashAttention-2 has no kernels
-    (`opgraph.has_flash_attention`: below sm80, MI100), and ``flash`` there is refused."""
+    (`has_flash_attention`: below sm80, MI100), and ``flash`` there is refused."""
     if t.framework == "hf-eager":
         return "unfused"
     flash_ok = has_flash_attention(gpu)

@@ -164,7 +164,7 @@ def test_megatron_fp32_defaults_to_unfused_attention() -> None:
      ("b200-hgx-180gb", True), ("mi210", True), ("mi300x", True)],
 )  # fmt: skip
 def test_flash_attention_needs_sm80_or_cdna2(gpu: str, flash: bool) -> None:
-    from simulator.opgraph import has_flash_attention
+    from forecast.flash_attention import has_flash_attention
 
     assert has_flash_attention(load_gpu(gpu)) is flash
 
