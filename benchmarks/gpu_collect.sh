@@ -7,11 +7,18 @@
 # numpy, pandas, networkx and matplotlib, but not pydantic, and it reaches no network, so
 # pydantic and its needs travel as wheels:
 #
-#   here, once:   bash benchmarks/gpu_collect.sh --fetch-wheels      (into .whl/, git-ignored)
-#   on the GPU:   device run, carry [".whl"], timeout_s 480, command:
-#                 bash benchmarks/gpu_collect.sh
+#   here, once:   bash benchmarks/gpu_collect.sh --fetch-wheels
+#                 (pydantic's wheels into .whl/, git-ignored; the label runs' model configs
+#                 from ../shared into .gpu_models/, which .git/info/exclude must ignore)
+#   on the GPU:   device run, carry [".whl", ".gpu_models"], timeout_s 540, command:
+#                 BUDGET_S=330 bash benchmarks/gpu_collect.sh
 #   back here:    cp <files_at>/*.csv <files_at>/*.meta.json forecast/data/measured/
 #                 tilesim kernels tc-calibrate --measured forecast/data/measured/*.csv
+#                 python benchmarks/gpu_e2e.py --compare <files_at>/e2e.jsonl
+#
+# After the collector, where .gpu_models/ travelled and the image has transformers,
+# benchmarks/gpu_e2e.py times the NVIDIA label runs (Hugging Face eager, fp32 and bf16) on the
+# same GPU within E2E_BUDGET_S (default 90 s): $OUT/e2e.jsonl and $OUT/e2e.log.
 #
 # Writes $OUT/<gpu>.csv (NeuSight's kernel-table columns + dtype), its .meta.json (GPU, SMs,
 # L2, memory, driver, clocks idle and after the run, torch/CUDA/cuDNN versions, timing method)
@@ -36,6 +43,12 @@ if [[ "${1:-}" == "--fetch-wheels" ]]; then
         "pydantic==2.14.4" "pydantic-core==2.50.5" "annotated-types==0.8.0" \
         "typing-inspection==0.4.5" "typing-extensions==4.16.0"
     ls .whl
+    mkdir -p .gpu_models
+    for m in bert_large gpt2_large gpt3_xl gpt3_27 opt_13; do
+        cp "${DATA:-../shared/data/neusight}/models/$m.json" .gpu_models/
+    done
+    git check-ignore -q .gpu_models || echo "/.gpu_models/" >>.git/info/exclude
+    ls .gpu_models
     exit 0
 fi
 
@@ -74,4 +87,11 @@ timeout --signal=INT --kill-after=15 "$((${BUDGET_S%.*} + 30))" \
     --budget-s "$BUDGET_S" 2>&1 | tee -a "$LOG" || status=$?
 echo "collector exit status $status; rows (header included): $(wc -l <"$OUT/$gpu.csv" 2>/dev/null || echo none)" |
     tee -a "$LOG"
+if [[ -d .gpu_models ]] && "$PYTHON" -c "import transformers" 2>/dev/null; then
+    e2e_budget=${E2E_BUDGET_S:-90}
+    timeout --signal=INT --kill-after=10 "$((${e2e_budget%.*} + 15))" \
+        "$PYTHON" benchmarks/gpu_e2e.py --models .gpu_models --out "$OUT/e2e.jsonl" \
+        --device "$DEVICE" --budget-s "$e2e_budget" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.log" ||
+        echo "gpu_e2e.py exit status $?" | tee -a "$OUT/e2e.log"
+fi
 exit "$status"
