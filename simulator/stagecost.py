@@ -4,24 +4,17 @@ A shard is the model as one GPU of a TP x CP x EP group sees it: heads, KV heads
 and vocabulary divided by ``tp``, the sequence by ``cp``, experts by ``ep``; the op inventory
 (`opgraph.inventory`) then lists its kernels for one micro-batch. Rules applied on top:
 
-* sequence parallelism: the row-wise ops over ``(tokens, hidden)`` that tensor parallelism
-  leaves whole (norms, dropout-add; `sequence_parallel_block`) run on ``tokens / tp`` rows, and
-  so do a MoE layer's router and token permutes (``megatron``);
-* context parallelism: the attention core runs ``cp`` ring steps of ``(S/cp) x (S/cp)``
-  blocks; causal, TransformerEngine's load-balanced ring (``AttnFuncWithCPAndKVP2P``: rank
-  ``r`` holds chunks ``r`` and ``2cp - 1 - r`` of ``2cp``) runs step 0 causal over its own
-  ``S/cp`` tokens and ``cp - 1`` unmasked half steps, ``S/cp`` queries against the first half
-  of a lower rank's K,V or the second ``S/(2cp)`` queries against a higher rank's: ``c (S + 1)``
-  pairs per rank at ``c = S / (2cp)``, the causal matrix over ``cp``. Rank ``cp - 1`` runs
-  every half step as the first kind, rank 0 as the second, the others a mix; the slowest rank
-  sets the layer, so each half step is priced at the slower kernel (`ShardKernels.ring_fw`);
+* sequence parallelism (`sequence_parallel`): the row-wise ops over ``(tokens, hidden)`` that
+  tensor parallelism leaves whole run on ``tokens / tp`` rows, and so do a MoE layer's router
+  and token permutes (``megatron``);
+* context parallelism (`context_parallel`): the attention core runs ``cp`` ring steps, the
+  ``cp - 1`` after the first each priced at the slower of its alternatives (`ring_steps`);
 * recomputation: ``full`` re-runs each layer's forward before its backward, ``selective``
   re-runs the attention core only (Korthikanti et al. 2022);
 * unfused attention (`SimInputs.attention`, ``megatron`` only): passed to the inventory as
   `Workload.attention` (`inventory_megatron.unfused_attention`);
-* the loss (``megatron``): Megatron's vocabulary-parallel cross-entropy on the ``(tokens, V/t)``
-  logits, in fp32 (16-bit logits are cast up first and the gradient cast back): max, subtract,
-  exp, sum and divide (four read-write passes of the logits) forward, one scaling pass backward.
+* the loss (``megatron``, `loss.add_loss`): Megatron's vocabulary-parallel cross-entropy on
+  the ``(tokens, V/t)`` logits, in fp32.
 
 `kernels_for` lists every kernel a layout needs so that the caller forecasts them once
 (`forecast_table`) and reuses the table across layouts.
@@ -29,27 +22,21 @@ and vocabulary divided by ``tp``, the sequence by ``cp``, experts by ``ep``; the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from forecast.kernels import (
-    ATTENTION_BACKWARD_OPS,
-    CAUSAL_ATTENTION_OPS,
-    ITEMSIZE_BYTES,
-    ROW_FAMILIES,
-    Dtype,
-    KernelSpec,
-    OpFamily,
-)
+from forecast.kernels import Dtype, KernelSpec, OpFamily
 from forecast.predict import LatencyTable
-from simulator import oprules as r
+from simulator.context_parallel import Counted, ring_steps
 from simulator.errors import ConfigError
-from simulator.inventory_hf import Sizes, sizes
-from simulator.inventory_megatron import activation_dtype
+from simulator.inventory_hf import sizes
+from simulator.loss import add_loss
 from simulator.models import ModelSpec
 from simulator.opgraph import Block, Workload, inventory, te_fp8
 from simulator.oprules import FrameworkOp
+from simulator.optimizer_step import ADAM_REF, OPTIMIZER_BYTES_PER_PARAM, optimizer_s_per_param
 from simulator.parallel import RunConfig
 from simulator.scenario import SimInputs
+from simulator.sequence_parallel import sequence_parallel_block
 
 ATTENTION_OPS = frozenset(
     {"flash_attention", "qk", "scale", "mask", "mask_add", "mask_clamp", "softmax"}
@@ -59,26 +46,6 @@ ATTENTION_OPS = frozenset(
 # sequence parallelism, the input re-gather and the gradient reduce-scatter) is issued
 # asynchronously and overlaps the layer's own GEMMs (`RunConfig.tp_comm_overlap`).
 COLUMN_PARALLEL = frozenset({"qkv", "fc1", "fc_gate_up"})
-# The optimizer step streams every local parameter's state through HBM; bytes per parameter
-# for Megatron-LM's mixed-precision optimizer with apex FusedAdam (fp32 p, g, m, v read, p, m,
-# v written: 28 B) plus, for fp16, the 16-bit grad -> fp32 main grad cast (6 B) and the
-# loss-scale unscale/inf check (8 B); the grad-norm read (4 B); the fp32 -> 16-bit weight copy
-# (6 B); zeroing the grad buffer (2 B fp16, 4 B fp32). fp32 training: norm, Adam, zeroing.
-# fp8 (TransformerEngine) is bf16's plus the weights' fp8 cast and transpose, once a step (on
-# the first micro-batch, ``is_first_microbatch``): the bf16 weight read, two fp8 copies
-# written (4 B; counted on every parameter, the GEMM weights being nearly all of them).
-OPTIMIZER_BYTES_PER_PARAM: dict[Dtype, float] = {
-    Dtype.FP16: 6 + 8 + 4 + 28 + 6 + 2,
-    Dtype.BF16: 4 + 28 + 6 + 4,
-    Dtype.FP8: 4 + 28 + 6 + 4 + 4,
-    Dtype.FP32: 4 + 28 + 4,
-    Dtype.TF32: 4 + 28 + 4,
-}
-# Priced at the bandwidth of a long streaming copy (512 MiB of traffic: multi-tensor apply
-# works over all parameters, far from launch-bound).
-ADAM_REF = KernelSpec(OpFamily.MEMORY, (1024, 65536), Dtype.FP32, "copy")
-
-Counted = tuple[tuple[KernelSpec, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,21 +131,6 @@ def shard_model(model: ModelSpec, run: RunConfig) -> ModelSpec:
     )
 
 
-def _sp_kernel(k: KernelSpec, whole: KernelSpec, tokens: int, hidden: int, tp: int) -> KernelSpec:
-    """``k`` on ``tokens / tp`` rows where it is a row-wise kernel over ``(tokens, hidden)``
-    that tensor parallelism leaves whole (``whole``: the same kernel of the unsplit model)."""
-    rows = {tokens, tokens * 3 // 2, tokens // 2}
-    if (
-        k == whole
-        and k.family in ROW_FAMILIES
-        and len(k.dims) == 2
-        and k.dims[1] == hidden
-        and k.dims[0] in rows
-    ):
-        return KernelSpec(k.family, (max(1, k.dims[0] // tp), hidden), k.dtype, k.op)
-    return k
-
-
 def _expand(
     fop: FrameworkOp, dtype: Dtype, *, backward: bool, fused_wgrad: bool = False
 ) -> list[KernelSpec]:
@@ -193,47 +145,6 @@ def _expand(
     return out
 
 
-# A MoE layer's router and token permutes (`inventory_megatron.decoder`). Under sequence
-# parallelism a TP rank routes and permutes its own s/tp tokens: Megatron-core's MoELayer runs
-# the router on the sequence-parallel hidden states, and the token dispatcher permutes their
-# ``num_local_tokens x k`` rows before its all-to-all and unpermutes as many after it.
-MOE_LOCAL_OPS = frozenset({"router", "permute", "unpermute"})
-
-
-def _own_tokens(fop: FrameworkOp, tp: int) -> FrameworkOp:
-    """A router or permute of `inventory_megatron.decoder` on ``1 / tp`` of its rows."""
-    k = fop.fw[0]
-    if fop.name == "router":
-        _, rows, h, experts = k.dims
-        return r.linear(fop.name, max(1, rows // tp), (h, experts), k.dtype, bias=False)
-    rows, h = k.dims
-    bw_op = fop.bw[0].op if fop.bw else ""
-    return r.memory(fop.name, k.op, (max(1, rows // tp), h), k.dtype, bw_op=bw_op)
-
-
-def sequence_parallel_block(block: Block, whole: Block, w: Workload, tp: int) -> Block:
-    """A TP shard's ``block`` under sequence parallelism: its row-wise kernels over ``(tokens,
-    h)`` that tensor parallelism leaves whole (equal in the unsplit model's ``whole`` block:
-    norms, dropout-adds, a row-parallel linear's bias gradient) on ``tokens / tp`` rows, and a
-    MoE layer's router and permutes on its own tokens (``megatron``). By shape alone, an FFN
-    activation of ``F / tp = h`` columns (GPT at tp 4) passed for a norm's input and was split
-    a second time; comparing with ``whole`` tells them apart."""
-    if [f.name for f in block.ops] != [f.name for f in whole.ops]:
-        raise ValueError(f"{block.name}: the TP shard's ops differ from the unsplit model's")
-    hidden = _hidden_of(block)
-
-    def split(ks: tuple[KernelSpec, ...], wks: tuple[KernelSpec, ...]) -> tuple[KernelSpec, ...]:
-        return tuple(_sp_kernel(k, o, w.tokens, hidden, tp) for k, o in zip(ks, wks, strict=True))
-
-    ops = [
-        _own_tokens(fop, tp)
-        if w.framework == "megatron" and fop.name in MOE_LOCAL_OPS
-        else replace(fop, fw=split(fop.fw, one.fw), bw=split(fop.bw, one.bw))
-        for fop, one in zip(block.ops, whole.ops, strict=True)
-    ]
-    return replace(block, ops=tuple(ops))
-
-
 def _block_kernels(
     block: Block, w: Workload, *, backward: bool, only: frozenset[str], fused_wgrad: bool
 ) -> Counted:
@@ -245,52 +156,6 @@ def _block_kernels(
         if not only or fop.name in only:
             ks += _expand(fop, grad_dtype, backward=backward, fused_wgrad=fused_wgrad)
     return tuple((k, 1) for k in ks)
-
-
-def _hidden_of(block: Block) -> int:
-    for fop in block.ops:
-        for k in fop.fw:
-            if k.family is OpFamily.LAYERNORM:
-                return k.dims[1]
-    return -1
-
-
-def _with_loss(head: Block, z: Sizes) -> Block:
-    """The head plus Megatron's vocab-parallel cross-entropy over fp32 logits (see above)."""
-    fp32 = Dtype.FP32
-    rows, vocab = z.T, z.V
-    passes = KernelSpec(OpFamily.SOFTMAX, (4 * rows, vocab), fp32)  # 4 read+write passes
-    scale = KernelSpec(OpFamily.ELEMENTWISE, (rows, vocab), fp32, "mulu")
-    loss = FrameworkOp("cross_entropy", (passes,), (scale,))
-    ops = [*head.ops, loss]
-    dt = activation_dtype(z.dt)  # bf16 logits under fp8 (the output layer is no TE linear)
-    if ITEMSIZE_BYTES[dt] < 4:  # 16-bit -> fp32 cast and back: 6 bytes per logit each way
-        cast = KernelSpec(OpFamily.MEMORY, (rows, 3 * vocab // 2), dt, "copy")
-        ops.insert(len(head.ops), FrameworkOp("logits_cast", (cast,), (cast,)))
-    return Block(head.name, tuple(ops), head.repeat, head.host_ops)
-
-
-def ring_steps(step0: Counted, cp: int) -> tuple[Counted, ...]:
-    """The kernels of one CP ring step after the first, as alternatives (module docstring):
-    a causal core's two unmasked half steps, the ``S/cp x S/(2cp)`` and ``S/(2cp) x S/cp``
-    blocks; any other core (non-causal, GEMM-shaped or unfused) its step-0 kernels again."""
-    if cp == 1:
-        return ()
-    if not any(k.op in CAUSAL_ATTENTION_OPS for k, _ in step0):
-        return (step0,)
-
-    def half(queries: bool) -> Counted:
-        out: list[tuple[KernelSpec, int]] = []
-        for k, n in step0:
-            if k.op in CAUSAL_ATTENTION_OPS:
-                bh, s_q, s_kv, d = k.dims
-                q, kv = (max(1, s_q // 2), s_kv) if queries else (s_q, max(1, s_kv // 2))
-                op = "attention_bwd" if k.op in ATTENTION_BACKWARD_OPS else "attention"
-                k = KernelSpec(k.family, (bh, q, kv, d), k.dtype, op)
-            out.append((k, n))
-        return tuple(out)
-
-    return (half(queries=False), half(queries=True))
 
 
 def _column_gemms(layer: Block, w: Workload, *, wgrad: bool) -> tuple[Counted, ...]:
@@ -308,28 +173,19 @@ def _column_gemms(layer: Block, w: Workload, *, wgrad: bool) -> tuple[Counted, .
     return (attn, mlp)
 
 
-def _sequence_parallel_blocks(
-    inputs: SimInputs, run: RunConfig, w: Workload, blocks: tuple[Block, Block, Block]
-) -> tuple[Block, Block, Block]:
-    """The TP shard's embed, layer and head under sequence parallelism
-    (`sequence_parallel_block`, against the unsplit model's same blocks)."""
-    unsplit = shard_model(inputs.model, run.model_copy(update={"tp": 1}))
-    whole = {b.name: b for b in inventory(unsplit, w)}
-    if inputs.framework == "megatron":
-        whole["head"] = _with_loss(whole["head"], sizes(unsplit, w))
-    embed, layer, head = (sequence_parallel_block(b, whole[b.name], w, run.tp) for b in blocks)
-    return embed, layer, head
-
-
-def shard_kernels(inputs: SimInputs, run: RunConfig) -> ShardKernels:
-    """One micro-batch's kernels on one shard, per block and phase."""
-    w = Workload(
+def _workload(inputs: SimInputs, run: RunConfig) -> Workload:
+    """One micro-batch on one shard: ``1 / cp`` of each sequence."""
+    return Workload(
         batch=run.micro_batch_size,
         seq=inputs.seq_len // run.cp,
         framework=inputs.framework,
         dtype=inputs.dtype,
         attention=inputs.attention,
     )
+
+
+def _blocks(inputs: SimInputs, run: RunConfig, w: Workload) -> tuple[Block, Block, Block]:
+    """The shard's embed, layer and head blocks, the head with its loss (``megatron``)."""
     shard = shard_model(inputs.model, run)
     blocks = {b.name: b for b in inventory(shard, w)}
     if "layer" not in blocks:  # Switch: encoder and decoder stacks of dense and MoE layers
@@ -338,12 +194,30 @@ def shard_kernels(inputs: SimInputs, run: RunConfig) -> ShardKernels:
             "to split into pipeline stages; the distributed simulator takes decoder-only or "
             "encoder-only models (gpt2, opt, bert, llama, mixtral)"
         )
-    embed, layer, head = blocks["embed"], blocks["layer"], blocks["head"]
+    head = blocks["head"]
     if inputs.framework == "megatron":
-        z = sizes(shard, w)
-        head = _with_loss(head, z)
-    if run.sequence_parallel and run.tp > 1:
-        embed, layer, head = _sequence_parallel_blocks(inputs, run, w, (embed, layer, head))
+        head = add_loss(head, sizes(shard, w))
+    return blocks["embed"], blocks["layer"], head
+
+
+def _shard_blocks(inputs: SimInputs, run: RunConfig, w: Workload) -> tuple[Block, Block, Block]:
+    """`_blocks`, under sequence parallelism split against the unsplit model's same blocks
+    (`sequence_parallel_block`)."""
+    embed, layer, head = _blocks(inputs, run, w)
+    if not (run.sequence_parallel and run.tp > 1):
+        return embed, layer, head
+    whole = _blocks(inputs, run.model_copy(update={"tp": 1}), w)
+    embed, layer, head = (
+        sequence_parallel_block(b, o, w, run.tp)
+        for b, o in zip((embed, layer, head), whole, strict=True)
+    )
+    return embed, layer, head
+
+
+def shard_kernels(inputs: SimInputs, run: RunConfig) -> ShardKernels:
+    """One micro-batch's kernels on one shard, per block and phase."""
+    w = _workload(inputs, run)
+    embed, layer, head = _shard_blocks(inputs, run, w)
     fused = run.grad_accumulation_fusion and inputs.framework == "megatron"
 
     def kernels(block: Block, *, backward: bool, only: frozenset[str] = frozenset()) -> Counted:
@@ -400,7 +274,7 @@ def block_times(sk: ShardKernels, table: LatencyTable, run: RunConfig) -> BlockT
         attention_bw_s=attn_bw,
         head_fw_s=_sum_s(sk.head_fw, table),
         head_bw_s=_sum_s(sk.head_bw, table),
-        adam_s_per_param=sk.optimizer_bytes_per_param * table[ADAM_REF] / ADAM_REF.bytes(),
+        adam_s_per_param=optimizer_s_per_param(sk.optimizer_bytes_per_param, table),
         col_dgrad_s=tuple(_sum_s(g, table) for g in sk.col_dgrad),
         col_wgrad_s=tuple(_sum_s(g, table) for g in sk.col_wgrad),
     )

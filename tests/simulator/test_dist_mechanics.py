@@ -20,11 +20,12 @@ from simulator.dist_memory import layer_activation_bytes, stage_memory
 from simulator.dist_validate import published_scenario
 from simulator.memory import parallel_units
 from simulator.models import load_model
+from simulator.optimizer_step import ADAM_REF, OPTIMIZER_BYTES_PER_PARAM
 from simulator.parallel import RunConfig
 from simulator.scenario import SimInputs, load_scenario, resolve
 from simulator.screen import ScreenCache, screen
 from simulator.simulate import latency_table, layout_of, peak_memory, simulate
-from simulator.stagecost import ADAM_REF, OPTIMIZER_BYTES_PER_PARAM, block_times, shard_kernels
+from simulator.stagecost import block_times, shard_kernels
 from simulator.stepcosts import stage_params, step_costs, tp_bw_exposed_s
 from topologies import collective_time_s
 from topologies.algorithms import Op

@@ -234,7 +234,7 @@ def test_fp8_logits_are_cast_from_bf16_and_the_weights_cast_once_a_step() -> Non
     """The output layer is no TE linear: its logits are bf16, cast to fp32 for the loss at 6
     bytes a logit each way (3 were counted, as if fp8). TE casts each weight to fp8 with its
     transpose once a step: 4 bytes a parameter more than bf16's optimizer traffic."""
-    from simulator.stagecost import OPTIMIZER_BYTES_PER_PARAM
+    from simulator.optimizer_step import OPTIMIZER_BYTES_PER_PARAM
 
     def head(dtype: str) -> list[KernelSpec]:
         sets = ("cluster.gpu='h100-sxm5-80gb'", f"training.dtype='{dtype}'")
