@@ -1,5 +1,5 @@
 """Which ops sequence parallelism splits over the TP ranks: the ones tensor parallelism leaves
-whole and that launch no GEMM (`stagecost.sequence_parallel_ops`), not every ``(tokens, h)``
+whole and that launch no GEMM (`sequence_parallel.sequence_parallel_block`), not every ``(tokens, h)``
 row op by shape."""
 
 from __future__ import annotations
