@@ -5,12 +5,8 @@ The only module of the project that times a device. Nothing imports it but the C
 repeated calls, each after an L2 flush (a write to a buffer twice the L2 size); CUDA events
 on a GPU, ``perf_counter`` around a synchronised call on the CPU.
 
-Rows carry every column of NeuSight's NVIDIA kernel tables (`forecast.dataset`):
-``OPName``, ``B,M,N,K`` or ``B,H``, ``Latency`` (ms), ``Device``, ``Kernel Name``, ``Grid/Block
-x,y,z``, ``Blocks/Warps per SM`` of the longest kernel the profiler saw, ``Kernels`` (every
-kernel of the call, each after a ``;``) and the software versions, plus ``dtype``. ``gemm``
-rows are ``bmm`` rows with ``B = 1`` (``M,N,K`` = rows, reduction, cols); ``attention`` rows
-put ``BH, S_q, S_kv, D`` in ``B, M, N, K``; ``adam`` rows are ``B = 1, H = parameters``.
+Rows carry every column of NeuSight's NVIDIA kernel tables (`forecast.collect_rows`); the
+kernels are `forecast.collect_kernels`'s, the metadata file `forecast.collect_device`'s.
 Re-running skips rows already in the file (a row torn by a kill is dropped first); within
 ``budget_s`` a kernel starts only if its first warm-up call shows the rest fits, so the run
 stops cleanly with whole rows; the plan visits every (op, dtype) pair at its first shape
@@ -21,50 +17,23 @@ memory is skipped (reported apart, the allocator's cache emptied). ``allow_tf32`
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import gc
 import json
 import os
-import platform
 import statistics
-import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from forecast.collect_device import device_metadata, flush_bytes, nvidia_smi, software_versions
+from forecast.collect_kernels import CollectError, Fn, build_fn, matmul_mode
 from forecast.collect_plan import DTYPES, OPS, plan
+from forecast.collect_rows import COLUMNS, build_row, launch_columns, resume_keys, row_key
 from forecast.files import write_text_atomic
-
-COLUMNS: tuple[str, ...] = (
-    "OPName",
-    "B",
-    "M",
-    "N",
-    "K",
-    "H",
-    "Latency",
-    "Device",
-    "dtype",
-    "Kernel Name",
-)
-LAUNCH_COLUMNS = ("Grid x", "Grid y", "Grid z", "Block x", "Block y", "Block z")
-# NeuSight's other columns (its NVIDIA tables), after ours so that the first 16 stay put
-COLUMNS += (*LAUNCH_COLUMNS, "Warps per SM", "Blocks per SM", "Kernels")
-COLUMNS += ("Torch Version", "CUDNN Version", "CUDA Version")
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32}
-TORCH_DTYPES["fp32"] = torch.float32
-OP_NAMES = {"gemm": "bmm", "elementwise": "add", "layernorm": "ln"}
-VOCAB = 50304
-Fn = Callable[[], object]
-
-
-class CollectError(RuntimeError):
-    """An (op, dtype, shape) the device or this PyTorch build cannot run."""
 
 
 class BudgetExceeded(Exception):  # noqa: N818 (a stop, not a failure)
@@ -97,87 +66,6 @@ class CollectReport:
     elapsed_s: float = 0.0
 
 
-def _rand(shape: tuple[int, ...], dtype: str, device: str) -> torch.Tensor:
-    return torch.randn(shape, device=device, dtype=TORCH_DTYPES.get(dtype, torch.float32))
-
-
-def _gemm_fn(dims: tuple[int, ...], dtype: str, device: str) -> Fn:
-    b, m, k, n = dims
-    if dtype == "fp8":
-        if device == "cpu" or b != 1 or m % 16 or n % 16 or k % 16:
-            raise CollectError("fp8 needs a CUDA GPU, B = 1 and dims divisible by 16")
-        a = _rand((m, k), "fp32", device).to(torch.float8_e4m3fn)
-        w = _rand((n, k), "fp32", device).to(torch.float8_e4m3fn).t()
-        one = torch.ones((), device=device, dtype=torch.float32)  # tensor-wise scales
-        return lambda: torch._scaled_mm(a, w, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-    x, y = _rand((b, m, k), dtype, device), _rand((b, k, n), dtype, device)
-    return lambda: torch.bmm(x, y)
-
-
-def _attention_fn(dims: tuple[int, ...], dtype: str, device: str) -> Fn:
-    bh, sq, skv, d = dims
-    q, k, v = (_rand((1, bh, s, d), dtype, device) for s in (sq, skv, skv))
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    return lambda: sdpa(q, k, v)
-
-
-def _row_fn(op: str, dims: tuple[int, ...], dtype: str, device: str) -> Fn:
-    b, h = dims
-    x = _rand((b, h), dtype, device)
-    f = torch.nn.functional
-    if op == "elementwise":
-        y = _rand((b, h), dtype, device)
-        return lambda: x + y
-    if op == "softmax":
-        return lambda: torch.softmax(x, dim=-1)
-    if op == "layernorm":
-        return lambda: f.layer_norm(x, (h,))
-    if op == "rmsnorm":
-        return lambda: f.rms_norm(x, (h,))
-    table = _rand((VOCAB, h), dtype, device)
-    ids = torch.randint(0, VOCAB, (b,), device=device)
-    return lambda: f.embedding(ids, table)
-
-
-def _adam_fn(dims: tuple[int, ...], dtype: str, device: str) -> Fn:
-    p = torch.nn.Parameter(_rand((dims[0] * dims[1],), dtype, device))
-    p.grad = torch.randn_like(p)
-    opt = torch.optim.Adam(
-        [p], lr=1e-3, fused=device != "cpu", foreach=False if device == "cpu" else None
-    )
-    return opt.step
-
-
-def build_fn(op: str, dtype: str, dims: tuple[int, ...], device: str) -> Fn:
-    """A zero-argument callable that launches one kernel of ``op`` (a `CollectError` if not)."""
-    if dtype == "tf32" and (device == "cpu" or op not in ("gemm", "bmm", "attention")):
-        raise CollectError("tf32 is a CUDA tensor-core mode of matmuls")
-    if dtype == "fp8" and op != "gemm":
-        raise CollectError("fp8 is collected for gemm (torch._scaled_mm) only")
-    if op in ("gemm", "bmm"):
-        return _gemm_fn(dims, dtype, device)
-    if op == "attention":
-        return _attention_fn(dims, dtype, device)
-    if op == "adam":
-        return _adam_fn(dims, dtype, device)
-    return _row_fn(op, dims, dtype, device)
-
-
-@contextlib.contextmanager
-def matmul_mode(dtype: str, device: str) -> Iterator[None]:
-    """cuBLAS's TF32 switch (process-wide) on for ``tf32`` rows and off for the others while
-    a row is built, timed and profiled; the caller's setting back afterwards."""
-    if device == "cpu":
-        yield
-        return
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
-
-
 def _sync(device: str) -> None:
     if device != "cpu":
         torch.cuda.synchronize()
@@ -191,7 +79,7 @@ def time_s(
     With a ``deadline`` (``time.perf_counter`` seconds) each warm-up call is timed and a
     `BudgetExceeded` raised as soon as the calls left (warm-ups, timed calls and the
     profiler's one) at that call's time would end past it."""
-    flush_elems = _flush_bytes(device) // 4
+    flush_elems = flush_bytes(device) // 4
     scratch = torch.empty(flush_elems, device=device, dtype=torch.float32)
     calls_left = warmup + repeats + 1  # + the profiler's call (`launch_info`)
     for _ in range(warmup):
@@ -221,39 +109,6 @@ def time_s(
     return statistics.median(times)
 
 
-def _l2_bytes(device: str) -> int:
-    if device == "cpu":
-        return 1 << 20
-    props = torch.cuda.get_device_properties(device)
-    return int(getattr(props, "L2_cache_size", 50 << 20))
-
-
-def _flush_bytes(device: str) -> int:
-    """The buffer written before each timed call: twice the L2 (120 MiB on an H200)."""
-    return 2 * _l2_bytes(device)
-
-
-def launch_columns(events: list[dict[str, object]], device: str) -> dict[str, object]:
-    """Kernel Name, grid, block, blocks and warps per SM of the longest kernel (GPU) or
-    operator (CPU) among a chrome trace's events, and ``Kernels``: every one, in order."""
-    cat = "kernel" if device != "cpu" else "cpu_op"
-    ours = [e for e in events if str(e.get("cat", "")).lower() == cat and "dur" in e]
-    cols: dict[str, object] = dict.fromkeys(LAUNCH_COLUMNS, 0)
-    cols.update({"Kernel Name": "", "Warps per SM": 0, "Blocks per SM": 0, "Kernels": ""})
-    if not ours:
-        return cols
-    top = max(ours, key=lambda e: float(str(e["dur"])))
-    args = top.get("args")
-    args = args if isinstance(args, dict) else {}
-    dims = [*args.get("grid", [0, 0, 0]), *args.get("block", [0, 0, 0])]
-    cols.update(zip(LAUNCH_COLUMNS, (int(x) for x in dims), strict=True))
-    cols["Kernel Name"] = str(top.get("name", ""))
-    cols["Warps per SM"] = float(args.get("warps per SM", 0))
-    cols["Blocks per SM"] = float(args.get("blocks per SM", 0))
-    cols["Kernels"] = "".join(f";{e.get('name', '')}" for e in ours)  # NeuSight's form
-    return cols
-
-
 def launch_info(fn: Fn, device: str) -> dict[str, object]:
     """`launch_columns` of one profiled call (the profiler's chrome trace, in a temporary
     folder so that a kill leaves none beside the CSV)."""
@@ -273,112 +128,17 @@ def launch_info(fn: Fn, device: str) -> dict[str, object]:
     return launch_columns(events, device)
 
 
-def _versions() -> dict[str, object]:
-    """The row's software columns, as NeuSight's tables carry them."""
-    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    return {
-        "Torch Version": torch.__version__,
-        "CUDNN Version": cudnn or "",
-        "CUDA Version": torch.version.cuda or "",
-    }
-
-
-def nvidia_smi() -> dict[str, str] | None:
-    """Driver, clocks (now and maximum, SM and memory) and power limit, as nvidia-smi reads
-    them; None where it cannot run."""
-    query = "name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem"
-    query += ",power.limit,temperature.gpu"
-    try:
-        res = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return {"query": query, "value": (res.stdout or res.stderr).strip()}
-
-
-def device_metadata(device: str, cfg: CollectConfig | None = None) -> dict[str, object]:
-    """GPU (or CPU) name, SMs, L2, memory, clocks, driver, torch, CUDA and cuDNN versions, and
-    how the kernels are timed. ``nvidia_smi`` is read now (idle clocks); `collect` adds
-    ``nvidia_smi_end``, read after the last kernel."""
-    versions = _versions()
-    meta: dict[str, object] = {"torch": torch.__version__, "cuda": torch.version.cuda}
-    meta["cudnn"] = versions["CUDNN Version"] or None
-    if cfg is not None:
-        meta["timing"] = {
-            "warmup": cfg.warmup,
-            "repeats": cfg.repeats,
-            "statistic": "median",
-            "timer": "perf_counter" if device == "cpu" else "cuda_event",
-            "l2_flush_bytes": _flush_bytes(device),
-        }
-    if device == "cpu":
-        meta.update(device_name=platform.processor() or platform.machine(), device="cpu")
-        return meta
-    props = torch.cuda.get_device_properties(device)
-    meta.update(device_name=props.name, sms=props.multi_processor_count)
-    meta.update(compute_capability=f"{props.major}.{props.minor}")
-    meta.update(l2_bytes=_l2_bytes(device), total_memory_bytes=int(props.total_memory))
-    meta["nvidia_smi"] = nvidia_smi()
-    return meta
-
-
-def row_key(op: str, dtype: str, dims: tuple[int, ...]) -> tuple[str, ...]:
-    """Resume key of a row: OPName, dtype and shape columns."""
-    name = OP_NAMES.get(op, op)
-    return (name, dtype, *(str(d) for d in dims))
-
-
-def _drop_torn_row(out: Path) -> None:
-    """A run killed while writing a row leaves a last line without its newline; cut it, so
-    that the next row does not land on the same line."""
-    if not out.is_file() or out.stat().st_size == 0:
-        return
-    data = out.read_bytes()
-    if not data.endswith(b"\n"):
-        with out.open("r+b") as f:
-            f.truncate(data.rfind(b"\n") + 1)
-
-
-def _existing_keys(out: Path) -> set[tuple[str, ...]]:
-    if not out.is_file():
-        return set()
-    with out.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    keys = set()
-    for r in rows:
-        shape = [r["B"], r["H"]] if r.get("H") else [r[c] for c in ("B", "M", "N", "K")]
-        keys.add((r["OPName"], r["dtype"], *shape))
-    return keys
-
-
-def _row(
-    op: str, dtype: str, dims: tuple[int, ...], latency_s: float, device_name: str
-) -> dict[str, object]:
-    row: dict[str, object] = dict.fromkeys(COLUMNS, "")
-    cols = ("B", "M", "N", "K") if len(dims) == 4 else ("B", "H")
-    row.update(zip(cols, dims, strict=True))
-    row.update(OPName=OP_NAMES.get(op, op), dtype=dtype, Device=device_name)
-    row["Latency"] = latency_s * 1e3  # NeuSight schema: milliseconds
-    return row
-
-
 def collect(cfg: CollectConfig) -> CollectReport:
     """Measure every planned (op, dtype, shape) not already in ``cfg.out``, within budget."""
     t0 = time.perf_counter()
     deadline = None if cfg.budget_s is None else t0 + cfg.budget_s
     report = CollectReport()
-    _drop_torn_row(cfg.out)
-    done = _existing_keys(cfg.out)
+    done = resume_keys(cfg.out)
     meta = device_metadata(cfg.device, cfg)
     meta_path = cfg.out.with_suffix(".meta.json")
     write_text_atomic(meta_path, json.dumps(meta, indent=2) + "\n")
     new_file = not cfg.out.is_file()
-    versions = _versions()
+    versions = software_versions()
     with cfg.out.open("a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         if new_file:
@@ -397,9 +157,7 @@ def collect(cfg: CollectConfig) -> CollectReport:
                 report.stopped_by_budget = True
                 break
             if isinstance(row, _Skip):
-                (report.out_of_memory if row.oom else report.unsupported).append(row.reason)
-                if row.oom:  # the failed attempt's tensors are free now; hand back the cache
-                    _release_memory(cfg.device)
+                _note_skip(row, report, cfg.device)
                 continue
             writer.writerow({**row, **versions})
             f.flush()
@@ -422,6 +180,12 @@ def _release_memory(device: str) -> None:
     gc.collect()
     if device != "cpu":
         torch.cuda.empty_cache()
+
+
+def _note_skip(skip: _Skip, report: CollectReport, device: str) -> None:
+    (report.out_of_memory if skip.oom else report.unsupported).append(skip.reason)
+    if skip.oom:  # the failed attempt's tensors are free now; hand back the cache
+        _release_memory(device)
 
 
 def _measure(
@@ -447,7 +211,7 @@ def _measure(
             return _Skip(f"{label}: {_first_line(e)}", oom=True)
         except (CollectError, RuntimeError, TypeError, NotImplementedError) as e:
             return _Skip(f"{label}: {_first_line(e)}", oom=False)
-        row = _row(op, dtype, dims, latency_s, device_name)
+        row = build_row(op, dtype, dims, latency_s, device_name)
         try:
             row.update(launch_info(fn, cfg.device))
         except (RuntimeError, OSError, ValueError) as e:  # the timing stands without them

@@ -47,12 +47,11 @@ from forecast.files import write_text_atomic
 from forecast.flash_attention import (
     FLASH_ATTENTION_AMD_ISAS,
     Overlap,
-    SMRates,
     attention_kernel_s,
     has_flash_attention,
-    kernel_head_dim,
     pnorm,
 )
+from forecast.flash_tiles import SMRates, kernel_head_dim
 from forecast.gpus import GPUSpec
 from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, OpFamily
 

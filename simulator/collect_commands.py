@@ -94,7 +94,7 @@ def _check_resumable(out: Path, columns: tuple[str, ...]) -> None:
 
 
 def _collect(args: argparse.Namespace) -> int:
-    from forecast import profile
+    from forecast import collect_rows, profile
 
     at_least("--repeats", args.repeats, 1)
     if args.budget_s is not None and not (math.isfinite(args.budget_s) and args.budget_s > 0):
@@ -105,7 +105,7 @@ def _collect(args: argparse.Namespace) -> int:
     meta = args.out.with_suffix(".meta.json")
     if meta.is_dir():
         raise ConfigError(f"--out {args.out}: {meta} (its metadata file) is a folder; move it")
-    _check_resumable(args.out, profile.COLUMNS)
+    _check_resumable(args.out, collect_rows.COLUMNS)
     cfg = profile.CollectConfig(
         device=args.device,
         out=args.out,

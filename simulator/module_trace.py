@@ -1,27 +1,10 @@
 """Trace an arbitrary ``torch.nn.Module`` on the meta device into `FrameworkOp` blocks.
 
 The forward runs on meta tensors (shapes and dtypes only: no memory, no GPU) under a
-`TorchDispatchMode` that records every aten call; each call maps to an `oprules` constructor,
-so backward kernels, parameter gradients and the optimizer come from the same rules as the
-analytic inventories (`opgraph.ops_from_blocks` expands them). The mapping, stated once:
-
-* ``addmm`` -> linear with bias; ``mm`` -> linear without bias when an operand is a parameter,
-  else a ``bmm`` with batch 1; ``bmm``/``baddbmm`` -> bmm; ``convolution`` -> its implicit
-  GEMM, a linear of (output pixels x ``C_in k``) @ (``C_in k`` x ``C_out``) (transposed:
-  input pixels x ``C_in`` @ ``C_in`` x ``C_out k``), ``k`` the kernel's taps; a grouped one
-  (depthwise: per group a sliver of a GEMM, memory-bound) stays unmapped, priced as a copy;
-  ``_softmax``/``_log_softmax``/``_safe_softmax`` (``scaled_dot_product_attention`` on meta)
-  -> softmax;
-  ``native_layer_norm`` -> layernorm; ``embedding`` -> embedding;
-  ``native_dropout`` -> dropout (meta takes CPU's unfused dropout path, so ``F.dropout`` and
-  ``torch.dropout`` are routed to ``native_dropout``, the kernel CUDA runs);
-* element-wise ops -> `ELEMENTWISE` (NeuSight names); a Python-scalar operand, or a
-  broadcast operand at most a quarter of the output, selects the ``u`` form (``addu``);
-* ``where``/``masked_fill`` -> masked_fill; ``maximum``/``minimum`` against a one-element
-  tensor (a clamp, as OPT's ``torch.max(scores, finfo.min)``) -> maximum; copies (clone,
-  _to_copy, copy_, cat) -> copy; fills (ones, zeros, full, arange, ...) -> fill; view-like
-  ops and allocations launch no kernel and count as host ops;
-* any other op with a tensor output -> a ``copy`` of its output, named in ``unmapped``.
+`TorchDispatchMode` that records every aten call; each call maps to an `oprules` constructor
+(the mapping, stated once, is `aten_rules`'s), so backward kernels, parameter gradients and
+the optimizer come from the same rules as the analytic inventories (`opgraph.ops_from_blocks`
+expands them).
 
 A trainable parameter's gradient and optimizer state are charged once, to the first op that
 reads it (or a view of it): tied weights are not counted twice; frozen ones
@@ -33,9 +16,7 @@ GEMM computes the gradient of an operand (``dA``, ``dB``, the bias's) only when 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from math import prod
 from typing import Any
 
 import torch
@@ -45,52 +26,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map_only
 
 from forecast.kernels import Dtype
-from simulator import oprules as r
+from simulator.aten_rules import RULES, VIEW_OPS, Call, call_tensors, lookup_rule, row_shape
 from simulator.opgraph import Block
 from simulator.oprules import FrameworkOp
-
-
-def _names(text: str) -> frozenset[str]:
-    return frozenset(text.split())
-
 
 DTYPES: dict[torch.dtype, Dtype] = {
     torch.float32: Dtype.FP32,
     torch.bfloat16: Dtype.BF16,
     torch.float16: Dtype.FP16,
 }
-VIEW_OPS = _names(
-    "view _unsafe_view reshape _reshape_alias permute transpose t expand expand_as slice "
-    "select unsqueeze squeeze split split_with_sizes unbind chunk narrow detach alias "
-    "as_strided view_as unfold diagonal empty empty_like empty_strided new_empty lift_fresh"
-)
-COPY_OPS = _names("clone _to_copy copy_ copy cat contiguous")
-FILL_OPS = _names(
-    "ones zeros full fill_ fill zero_ ones_like zeros_like full_like arange scalar_tensor "
-    "new_zeros new_ones new_full"
-)
-MASK_OPS = frozenset({"where", "masked_fill"})
-# aten element-wise op -> NeuSight op (forecast.kernels.ELEMENTWISE_OPS); the ops without a
-# NeuSight kernel take the nearest one: one-input transcendentals run as ``tanh``.
-ELEMENTWISE: dict[str, str] = {
-    **{a: a for a in ("add", "mul", "div", "pow", "gelu", "relu", "tanh")},
-    "sub": "add",
-    "rsub": "add",
-    "neg": "mulu",
-    "reciprocal": "divu",
-    "silu": "gelu",
-    **dict.fromkeys(("sigmoid", "exp", "log", "sqrt", "rsqrt", "erf", "cos", "sin"), "tanh"),
-}
-U_FORM = frozenset({"add", "mul", "div", "pow"})  # NeuSight ops with a tensor-scalar form
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """One recorded aten call: op name, positional arguments, tensor outputs."""
-
-    op: str
-    args: tuple[Any, ...]
-    outs: tuple[torch.Tensor, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +66,7 @@ class _Recorder(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         outs = tuple(t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
         call = Call(func.overloadpacket.__name__, tuple(args), outs)
-        first = _tensors(call)[:1]
+        first = call_tensors(call)[:1]
         if call.op in VIEW_OPS and first and id(first[0]) in self.root:
             self.root.update({id(t): self.root[id(first[0])] for t in outs})
         self.calls.append(call)  # keeps the meta tensors alive, so their ids stay unique
@@ -146,107 +90,6 @@ class _NativeDropout(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _tensors(call: Call) -> list[torch.Tensor]:
-    return [a for a in tree_flatten(call.args)[0] if isinstance(a, torch.Tensor)]
-
-
-def _rows(t: torch.Tensor) -> tuple[int, int]:
-    last = int(t.shape[-1]) if t.dim() else 1
-    return max(1, t.numel() // max(1, last)), max(1, last)
-
-
-def _elementwise(name: str, call: Call, dt: Dtype) -> FrameworkOp:
-    op = ELEMENTWISE[call.op.rstrip("_")]
-    n = call.outs[0].numel()
-    small = [a for a in call.args if not isinstance(a, torch.Tensor) or 4 * a.numel() <= n]
-    if op in U_FORM and small and len(call.args) >= 2:
-        op += "u"
-    return r.elementwise(name, op, _rows(call.outs[0]), dt)
-
-
-def _gemm(name: str, call: Call, dt: Dtype, param: bool) -> FrameworkOp:
-    if call.op in ("bmm", "baddbmm"):
-        a, b = _tensors(call)[-2:]
-        return r.bmm(name, (a.shape[0], a.shape[1], a.shape[2], b.shape[2]), dt)
-    a, b = _tensors(call)[-2:]
-    rows, n_in, n_out = int(a.shape[0]), int(a.shape[1]), int(b.shape[1])
-    if call.op == "addmm":
-        return r.linear(name, rows, (n_in, n_out), dt, bias=True)
-    if param:
-        return r.linear(name, rows, (n_in, n_out), dt, bias=False)
-    return r.bmm(name, (1, rows, n_in, n_out), dt)
-
-
-def _conv(name: str, call: Call, dt: Dtype) -> FrameworkOp | None:
-    """``convolution(x, w, bias, stride, padding, dilation, transposed, out_pad, groups)`` as
-    its implicit GEMM: ``2 N Ho Wo C_out C_in k`` FLOPs; None (unmapped) when grouped."""
-    x, w, bias = call.args[:3]
-    if int(call.args[8]) != 1:
-        return None
-    taps = prod(int(d) for d in w.shape[2:])
-    if call.args[6]:  # transposed, w: (C_in, C_out, k...): an input pixel meets C_out k outputs
-        rows, n_in, n_out = x.numel() // x.shape[1], w.shape[0], w.shape[1] * taps
-    else:  # w: (C_out, C_in, k...): every output pixel reads C_in k inputs
-        out = call.outs[0]
-        rows, n_in, n_out = out.numel() // out.shape[1], w.shape[1] * taps, w.shape[0]
-    return r.linear(name, rows, (n_in, n_out), dt, bias=bias is not None)
-
-
-def _row_op(name: str, call: Call, dt: Dtype) -> FrameworkOp:
-    x = call.args[0]
-    if call.op == "native_layer_norm":
-        h = prod(int(d) for d in call.args[1])
-        return r.layernorm(name, x.numel() // h, h, dt)
-    n = int(x.shape[int(call.args[1])])
-    return r.softmax(name, x.numel() // n, n, dt)
-
-
-def _memory_op(name: str, call: Call, dt: Dtype) -> FrameworkOp:
-    shape = _rows(call.outs[0])
-    if call.op == "embedding":
-        return r.embedding(name, call.args[1].numel(), tuple(call.args[0].shape), dt)
-    if call.op == "native_dropout":
-        return r.dropout(name, *shape, dt)
-    if call.op.rstrip("_") in MASK_OPS:
-        return r.memory(name, "masked_fill", shape, dt, bw_op="masked_fill")
-    return r.memory(name, "fill" if call.op in FILL_OPS else "copy", shape, dt)
-
-
-CLAMP_OPS = frozenset({"maximum", "minimum"})
-# ``_safe_softmax``: the softmax of scaled_dot_product_attention's math path (torch >= 2.5)
-SOFTMAX_OPS = frozenset({"_softmax", "_log_softmax", "_safe_softmax"})
-
-
-def _clamp(name: str, call: Call, dt: Dtype) -> FrameworkOp | None:
-    """``maximum(x, c)`` with ``c`` one element: `oprules.maximum` (``minimum``'s backward is
-    the same five kernels); None (unmapped) for two full-size operands."""
-    tensors = _tensors(call)
-    if len(tensors) != 2 or min(t.numel() for t in tensors) > 1:
-        return None
-    return r.maximum(name, _rows(call.outs[0]), dt)
-
-
-RULES: dict[str, Callable[[str, Call, Dtype, bool], FrameworkOp | None]] = {
-    **{op: lambda n, c, d, p: _clamp(n, c, d) for op in CLAMP_OPS},
-    **dict.fromkeys(("addmm", "mm", "bmm", "baddbmm"), _gemm),
-    "convolution": lambda n, c, d, p: _conv(n, c, d),
-    **{op: lambda n, c, d, p: _row_op(n, c, d) for op in SOFTMAX_OPS},
-    "native_layer_norm": lambda n, c, d, p: _row_op(n, c, d),
-    **{op: lambda n, c, d, p: _elementwise(n, c, d) for op in ELEMENTWISE},
-    **{
-        op: lambda n, c, d, p: _memory_op(n, c, d)
-        for op in ("embedding", "native_dropout", *MASK_OPS, *COPY_OPS, *FILL_OPS)
-    },
-}
-
-
-def _lookup(op: str) -> str | None:
-    for name in (op, op.rstrip("_")):
-        if name in RULES:
-            return name
-    return None
-
-
 def _charge_params(fop: FrameworkOp, new: list[torch.Tensor]) -> FrameworkOp:
     """Parameters first read by this op: the rule's shapes when they cover the same elements
     (keeps kernels equal to the analytic builders'), else the tensors' own (rows, last)."""
@@ -254,7 +97,7 @@ def _charge_params(fop: FrameworkOp, new: list[torch.Tensor]) -> FrameworkOp:
         return replace(fop, params=())
     if sum(a * b for a, b in fop.params) == sum(t.numel() for t in new):
         return fop
-    return replace(fop, params=tuple(_rows(t) for t in new))
+    return replace(fop, params=tuple(row_shape(t) for t in new))
 
 
 # GEMM-shaped aten ops: whose gradient each backward kernel of the rule computes, by the
@@ -287,7 +130,7 @@ def _blocks(
     claimed: set[int] = set()
     host = 0
     for i, call in enumerate(rec.calls):
-        needs = [id(t) in grad for t in _tensors(call)]
+        needs = [id(t) in grad for t in call_tensors(call)]
         if any(needs):
             grad.update(id(t) for t in call.outs)
         if call.op in VIEW_OPS or not call.outs:
@@ -295,11 +138,11 @@ def _blocks(
             continue
         out = call.outs[0]
         dt = DTYPES.get(out.dtype, default)
-        roots = [rec.root[id(t)] for t in _tensors(call) if id(t) in rec.root]
+        roots = [rec.root[id(t)] for t in call_tensors(call) if id(t) in rec.root]
         trainable = [p for p in dict.fromkeys(roots) if rec.params[p].requires_grad]
         new = [rec.params[p] for p in trainable if p not in claimed]
         claimed.update(roots)
-        rule = _lookup(call.op)
+        rule = lookup_rule(call.op)
         fop = None if rule is None else RULES[rule](f"{call.op}_{i}", call, dt, bool(roots))
         if fop is None:
             unmapped[call.op] += 1

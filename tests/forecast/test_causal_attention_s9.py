@@ -9,14 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from forecast.flash_attention import (
-    Overlap,
-    SMRates,
-    attention_kernel_s,
-    backward_counts,
-    causal_sweeps,
-    forward_counts,
-)
+from forecast.flash_attention import Overlap, attention_kernel_s, causal_sweeps
+from forecast.flash_tiles import SMRates, backward_counts, forward_counts
 from forecast.gpus import load_gpu
 from forecast.kernels import Dtype, KernelSpec, OpFamily, causal_pairs
 from forecast.predict import load_latency_model

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from forecast import profile
+from forecast import collect_rows, profile
 from forecast.collect_plan import DTYPES, OPS, plan
 from forecast.profile import CollectConfig, collect
 from simulator.cli import main
@@ -168,7 +168,7 @@ def _rows(path: Path) -> list[dict[str, str]]:
 def test_cuda_plan_has_each_row_once() -> None:
     """The GEMM plan listed 8192^3 and 2048^3 twice (as a layer, M = tokens = hidden, and as a
     wave-edge cube): 10 jobs measured twice, 10 duplicate rows."""
-    keys = [profile.row_key(*job) for job in plan(OPS, DTYPES, "cuda")]
+    keys = [collect_rows.row_key(*job) for job in plan(OPS, DTYPES, "cuda")]
     assert len(keys) == len(set(keys))
     first = plan(OPS, DTYPES, "cuda")[: len(OPS) * len(DTYPES)]  # still every pair first
     assert {(op, dt) for op, dt, _ in first} == {(op, dt) for op in OPS for dt in DTYPES}
@@ -305,7 +305,7 @@ def test_schema_is_neusights_plus_dtype(tmp_path: Path) -> None:
         "OPName,Latency,Device,Torch Version,CUDNN Version,Kernel Name,Warps per SM,"
         "Blocks per SM,Grid x,Grid y,Grid z,Block x,Block y,Block z,CUDA Version,Kernels,B,M,N,K"
     )  # header of shared/data/neusight/kernels/nvidia/train/bmm/*.csv.gz
-    assert set(neusight_bmm.split(",")) | {"dtype", "H"} == set(profile.COLUMNS)
+    assert set(neusight_bmm.split(",")) | {"dtype", "H"} == set(collect_rows.COLUMNS)
 
 
 def test_a_profiler_failure_keeps_the_timed_row(

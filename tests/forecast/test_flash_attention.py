@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from forecast.flash_attention import backward_counts
+from forecast.flash_tiles import backward_counts
 from forecast.gpus import GPUError, GPUSpec, load_gpu
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from forecast.tc_calibrate import DEFAULT_DATA_DIR, benchmark_cases, calibrate, validation_rows

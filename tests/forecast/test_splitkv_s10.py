@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
-from forecast.flash_attention import splitkv_block_n
+from forecast.flash_tiles import splitkv_block_n
 from forecast.gpus import load_gpu
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from forecast.tensor_core import TensorCoreModel

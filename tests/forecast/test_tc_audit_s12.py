@@ -13,14 +13,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from forecast.flash_attention import (
-    Overlap,
-    SMRates,
-    backward_counts,
-    cycles_per_element,
-    forward_counts,
-    forward_tile_counts,
-)
+from forecast.flash_attention import Overlap, cycles_per_element
+from forecast.flash_tiles import SMRates, backward_counts, forward_counts, forward_tile_counts
 from forecast.gpus import GPUSpec, list_gpus, load_gpu
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from forecast.tensor_core import (
