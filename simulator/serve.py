@@ -24,18 +24,14 @@ TransformerEngine's recipe, and vLLM's fp8 weights without ``--kv-cache-dtype fp
 KV cache is not modelled. MoE layers run only the experts their routed rows reach
 (`ModelSpec.routed_experts`: 2 of Mixtral's 8 at batch 1).
 
-Tensor parallelism (``tp`` GPUs of one server, Megatron-style as vLLM runs it): each GPU
-holds ``1 / tp`` of the heads, FFN columns and vocabulary (`shard`; KV heads are replicated
-where ``tp`` exceeds them, one a GPU), so every figure above is per GPU; each pass adds
-blocking collectives over NVLink (`comm.collective_s`): two all-reduces of the
-pass's ``tokens x hidden`` activations a layer (attention and MLP outputs), one after the
-vocabulary-parallel embedding, and an all-gather of the last tokens' logits.
+Tensor parallelism (``tp`` GPUs of one server): each GPU holds ``1 / tp`` of the model
+(`serve_parallel.shard`), so every figure above is per GPU, and each pass adds its blocking
+collectives (`serve_parallel.tp_comm_s`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,7 +40,6 @@ from forecast.gpus import GPUSpec
 from forecast.kernels import ITEMSIZE_BYTES, Dtype
 from forecast.predict import LatencyModel
 from forecast.stream import stream_table
-from simulator.comm import collective_s
 from simulator.e2e import FITTED, Overheads, family_times_s, phase_time_s
 from simulator.errors import ConfigError
 from simulator.memory import GIB, estimate_memory
@@ -58,7 +53,7 @@ from simulator.opgraph import (
     build_ops,
     on_gpu,
 )
-from simulator.stagecost import tp_shard
+from simulator.serve_parallel import shard, tp_comm_s
 from topologies import Cluster
 
 
@@ -95,36 +90,6 @@ class ServeResult(BaseModel):
     fits: bool
     max_batch: int  # the largest batch that fits (0: the weights alone do not)
     activations_gib: float  # the prefill's live activations, the rest of memory_gib
-
-
-def shard(model: ModelSpec, tp: int) -> ModelSpec:
-    """The part of ``model`` one of ``tp`` GPUs holds (module docstring); a split the heads
-    do not allow is a `ConfigError`."""
-    if tp == 1:
-        return model
-    kv = model.kv_heads
-    if model.num_heads % tp or (kv % tp and tp % kv):
-        raise ConfigError(
-            f"--tp {tp}: {model.id}'s {model.num_heads} heads ({kv} KV heads) do not split "
-            f"over {tp} GPUs; use a tp that divides the heads and divides or is a multiple "
-            "of the KV heads"
-        )
-    return tp_shard(model, tp)
-
-
-def tp_comm_s(model: ModelSpec, run: Workload, tp: int, cluster: Cluster | None) -> float:
-    """Seconds of one pass's tensor-parallel collectives (module docstring)."""
-    if tp == 1:
-        return 0.0
-    if cluster is None:
-        raise ConfigError(f"--tp {tp} needs the server the GPUs sit in; give --server")
-    ranks = range(tp)
-    item = ITEMSIZE_BYTES[run.dtype]
-    activations = float(run.tokens * model.hidden_size * item)
-    reduce_s = collective_s("all-reduce", activations, ranks, cluster)
-    logits = float(run.logit_rows * model.vocab_size * item)
-    gather_s = collective_s("all-gather", logits, ranks, cluster)
-    return (2 * model.total_layers + 1) * reduce_s + gather_s
 
 
 def kv_cache_bytes(model: ModelSpec, req: ServeRequest) -> float:
@@ -169,24 +134,29 @@ def passes(req: ServeRequest) -> list[Workload]:
     return [prefill, *decode]
 
 
-class ServeMemory(NamedTuple):
-    """Bytes one GPU holds for a request; weights, KV cache, total in the order `_memory`
-    returned them as a plain tuple, then the activations the total includes."""
+@dataclass(frozen=True, slots=True)
+class ServeMemory:
+    """Bytes one GPU holds for a request: weights, KV cache and the prefill's activations."""
 
     weights_bytes: float
     kv_cache_bytes: float
-    total_bytes: float  # the three parts summed
     activations_bytes: float  # the prefill's: `memory.estimate_memory` of an inference pass
+
+    @property
+    def total_bytes(self) -> float:
+        """The three parts summed (the weights and activations first, as `estimate_memory`
+        sums an inference pass's total, then the KV cache)."""
+        return self.weights_bytes + self.activations_bytes + self.kv_cache_bytes
 
 
 def _memory(model: ModelSpec, gpu: GPUSpec, req: ServeRequest) -> ServeMemory:
-    """Weights, KV cache, total and activation bytes of ``req``: the prefill's activations as
+    """Weights, KV cache and activation bytes of ``req``: the prefill's activations as
     it runs on ``gpu`` (`on_gpu`: unfused attention, its scores in memory, where
     FlashAttention-2 has no kernels), as `e2e.predict_run` and ``tilesim predict --mode inf``
     count them (two layers' worth alive, and the last tokens' logits)."""
     mem = estimate_memory(model, on_gpu(_prefill(req), gpu), gpu)
     kv = kv_cache_bytes(model, req)
-    return ServeMemory(mem.weights_bytes, kv, mem.total_bytes + kv, mem.activations_bytes)
+    return ServeMemory(mem.weights_bytes, kv, mem.activations_bytes)
 
 
 def max_batch(model: ModelSpec, gpu: GPUSpec, req: ServeRequest) -> int:

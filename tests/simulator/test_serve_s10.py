@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import simulator.serve as serve
+import simulator.serve_parallel as serve_parallel
 from forecast.gpus import load_gpu
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from simulator.cli import main
@@ -111,8 +112,11 @@ def test_max_batch_is_the_largest_that_fits() -> None:
     req = ServeRequest(batch=1, prompt=4096, gen=4096)
     n = serve.max_batch(m, gpu, req)
     assert n > 1
-    assert serve._memory(m, gpu, req.model_copy(update={"batch": n}))[2] <= gpu.hbm_bytes
-    assert serve._memory(m, gpu, req.model_copy(update={"batch": n + 1}))[2] > gpu.hbm_bytes
+
+    def total_bytes(batch: int) -> float:
+        return serve._memory(m, gpu, req.model_copy(update={"batch": batch})).total_bytes
+
+    assert total_bytes(n) <= gpu.hbm_bytes < total_bytes(n + 1)
     big = serve_forecast(
         load_model("llama3-70b"), gpu, ServeRequest(batch=1, prompt=8, gen=2), DERATED
     )
@@ -194,7 +198,7 @@ def test_tensor_parallel_shard_and_collectives() -> None:
 
     m, gpu, cluster = load_model("llama3-70b"), load_gpu(H100), load_cluster("dgx-h100", gpus=8)
     req = ServeRequest(batch=1, prompt=8, gen=1, tp=8)
-    local = serve.shard(m, 8)
+    local = serve_parallel.shard(m, 8)
     assert (local.num_heads, local.kv_heads, local.dhead) == (8, 1, 128)
     assert local.ffn_hidden_size * 8 == m.ffn_hidden_size
     assert kv_cache_bytes(local, req) * 8 == kv_cache_bytes(m, req)
@@ -226,9 +230,9 @@ def test_tensor_parallel_decode_is_faster_and_replicates_kv_heads() -> None:
     )
     assert eight.comm_ms > 0 and eight.tpot_ms < one.tpot_ms
     # 16 GPUs of an NVL72 rack share 8 KV heads: each keeps one (vLLM replicates them)
-    assert serve.shard(load_model("llama3-70b"), 16).kv_heads == 1
+    assert serve_parallel.shard(load_model("llama3-70b"), 16).kv_heads == 1
     with pytest.raises(ConfigError, match="do not split"):
-        serve.shard(m, 3)
+        serve_parallel.shard(m, 3)
 
 
 @pytest.mark.parametrize(
