@@ -1,6 +1,6 @@
 """Which ops sequence parallelism splits over the TP ranks: the ones tensor parallelism leaves
-whole and that launch no GEMM (`sequence_parallel.sequence_parallel_block`), not every ``(tokens, h)``
-row op by shape."""
+whole and that launch no GEMM (`sequence_parallel.sequence_parallel_block`), not every
+``(tokens, h)`` row op by shape."""
 
 from __future__ import annotations
 
