@@ -7,8 +7,8 @@ real DP group (`comm`). A 16k-GPU job is thus a graph of a few thousand nodes.
 Structure and prices are kept apart. The graph depends only on the step's `Shape` (schedule,
 stages, chunks, micro-batches, buckets, which stages gather ZeRO-3 parameters); it is built
 once per shape, frozen and shared by every layout of that shape (a sweep has many). Each node
-and each timed edge names a *cost key*; `StepGraph` pairs the graph with one layout's price of
-every key (`seconds`).
+and each timed edge names a *cost key* (`simulator.task_costs`); `StepGraph` pairs the graph
+with one layout's price of every key (`seconds`).
 
 Schema (node id -> attributes; every node has ``kind``, ``stage``, ``stream`` and ``cost``;
 `StepGraph.duration_s` prices a node, `task_label` names it):
@@ -50,83 +50,11 @@ from typing import Any
 import networkx as nx
 
 from simulator.schedules import Slot, stage_orders
+from simulator.task_costs import PP_HOP, CostKey, StepCosts
 
 Node = tuple[Any, ...]
-CostKey = tuple[Any, ...]
 Ends = tuple[Node, Node]  # first and last piece of one task
-PP_HOP: CostKey = ("pp_hop",)
 _PARTS = ("compute_s", "tp_s", "ep_s", "cp_s", "dp_s")
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkCost:
-    """Per-micro-batch costs of one model chunk on one stage, seconds."""
-
-    fw_compute_s: float
-    bw_compute_s: float
-    fw_tp_s: float = 0.0
-    bw_tp_s: float = 0.0
-    fw_ep_s: float = 0.0
-    bw_ep_s: float = 0.0
-    fw_cp_s: float = 0.0
-    bw_cp_s: float = 0.0
-    grad_sync_s: float = 0.0  # whole chunk, all its buckets, once per step (ZeRO-0/1/2)
-    zero3_gather_s: float = 0.0  # per task
-    zero3_scatter_s: float = 0.0  # per backward
-    fw_dp_s: float = 0.0  # blocking ZeRO-3 collectives (deepspeed-2021), per forward
-    bw_dp_s: float = 0.0  # ... per backward
-
-    def parts(self, phase: str) -> tuple[float, float, float, float, float]:
-        """(compute, tp, ep, cp, dp) seconds of one forward (``"F"``) or backward (``"B"``)."""
-        if phase == "F":
-            return self.fw_compute_s, self.fw_tp_s, self.fw_ep_s, self.fw_cp_s, self.fw_dp_s
-        return self.bw_compute_s, self.bw_tp_s, self.bw_ep_s, self.bw_cp_s, self.bw_dp_s
-
-
-@dataclass(frozen=True, slots=True)
-class StepCosts:
-    """Everything `build_exec_graph` needs, as plain numbers."""
-
-    chunks: tuple[tuple[ChunkCost, ...], ...]  # [stage][chunk]
-    num_micro_batches: int
-    schedule: str
-    pp_hop_s: float
-    optimizer_s: tuple[float, ...]  # per stage
-    param_gather_s: tuple[float, ...]  # per stage, after the optimizer
-    overlap_grad_reduce: bool = True
-    buckets: int = 1
-    blocking_sends: bool = False
-
-    @property
-    def pp(self) -> int:
-        """Pipeline stages."""
-        return len(self.chunks)
-
-    @property
-    def v(self) -> int:
-        """Model chunks per stage."""
-        return len(self.chunks[0])
-
-    def seconds(self, key: CostKey) -> float:
-        """The price of one cost key (see the module docstring)."""
-        kind = key[0]
-        if kind == "task":
-            _, s, chunk, phase, n = key
-            return sum(self.chunks[s][chunk].parts(phase)) / n
-        if kind == "grad_sync":
-            _, s, chunk, n = key
-            return self.chunks[s][chunk].grad_sync_s / n
-        if kind == "zero3_gather":
-            return self.chunks[key[1]][key[2]].zero3_gather_s
-        if kind == "zero3_scatter":
-            return self.chunks[key[1]][key[2]].zero3_scatter_s
-        if kind == "optimizer":
-            return self.optimizer_s[key[1]]
-        if kind == "param_gather":
-            return self.param_gather_s[key[1]]
-        if key == PP_HOP:
-            return self.pp_hop_s
-        raise KeyError(key)
 
 
 @dataclass(frozen=True, slots=True)

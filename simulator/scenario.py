@@ -4,13 +4,13 @@ Tables: ``[study]`` (name), ``[model]`` (``id``, ``hf_config`` or inline sizes; 
 always), ``[cluster]`` (gpu, server, network, num_gpus, gpus_per_node, nics_per_node),
 ``[training]`` (global_batch_size, dtype, framework, attention), ``[run]`` (one `RunConfig`) and an
 optional ``[sweep]`` (lists, read by the sweep). Every table forbids unknown keys; errors name
-the key (``run.tpp``) and the rule, as one line. `resolve` turns ids into objects
+the key (``run.tpp``) and the rule, as one line. The ``[model]`` and ``[cluster]`` tables
+are `simulator.model_section` and `simulator.cluster_section`. `resolve` turns ids into objects
 (`SimInputs`); nothing here simulates.
 """
 
 from __future__ import annotations
 
-import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +21,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from forecast.flash_attention import FLASH_ATTENTION_AMD_ISAS, has_flash_attention
 from forecast.gpus import GPUError, GPUSpec, load_gpu
 from forecast.kernels import Dtype
+from simulator.cluster_section import ClusterSection, beside_scenario, resolve_cluster
 from simulator.errors import ConfigError
+from simulator.model_section import INLINE_KEYS, ModelSection, inline_model
 from simulator.models import ModelSpec, load_model
 from simulator.opgraph import MAX_TOKENS, default_attention
 from simulator.parallel import RunConfig
-from topologies import Cluster, ClusterSpec, TopologyError, load_network, load_server
+from topologies import Cluster, TopologyError
 
 # strict: a TOML ``true`` or ``2.0`` is not a GPU count, nor ``"yes"`` a switch
 _FROZEN = ConfigDict(frozen=True, extra="forbid", strict=True)
@@ -37,53 +39,6 @@ class StudySection(BaseModel):
     model_config = _FROZEN
     name: str = Field(description="the study's name; a sweep writes to results/<name>/<hash>/")
     description: str = Field(default="", description="free text for the report")
-
-
-class ModelSection(BaseModel):
-    """The model: exactly one of ``id``, ``hf_config`` or the inline sizes."""
-
-    model_config = _FROZEN
-    id: str | None = Field(default=None, description="a catalog model (`tilesim list models`)")
-    hf_config: str | None = Field(
-        default=None, description="a Hugging Face config.json, relative to the scenario file"
-    )
-    n_layers: int | None = Field(default=None, gt=0, description="inline: transformer layers")
-    hidden_size: int | None = Field(default=None, gt=0, description="inline: model width")
-    n_heads: int | None = Field(default=None, gt=0, description="inline: attention heads")
-    n_kv_heads: int | None = Field(
-        default=None, gt=0, description="inline: key/value heads (grouped-query attention)"
-    )
-    ffn_hidden_size: int | None = Field(
-        default=None, gt=0, description="inline: MLP width (default 4 x hidden_size)"
-    )
-    vocab_size: int | None = Field(default=None, gt=0, description="inline: vocabulary")
-    activation: Literal["gelu", "swiglu", "squared-relu"] = Field(
-        default="gelu", description="inline: MLP activation (squared-relu is priced as relu)"
-    )
-    num_experts: int = Field(default=1, gt=0, description="inline: MoE experts per layer")
-    experts_per_token: int = Field(default=1, gt=0, description="inline: MoE top-k routing")
-    seq_len: int = Field(gt=0, description="tokens per sequence (all three forms)")
-
-
-class ClusterSection(BaseModel):
-    """GPU type and the intra-/inter-node fabrics."""
-
-    model_config = _FROZEN
-    gpu: str = Field(
-        description="catalog id (`tilesim list gpus`), device name, or a GPU .toml / NeuSight "
-        ".json path (relative to the scenario's folder)"
-    )
-    server: str = Field(
-        description="intra-node fabric: catalog id (`tilesim list servers`) or a .toml path"
-    )
-    network: str | None = Field(
-        default=None,
-        description="inter-node fabric (`tilesim list networks`) or a .toml path; default: "
-        "the server's default network; multi-node only",
-    )
-    num_gpus: int = Field(gt=0, description="GPUs in the job: tp x cp x pp x dp")
-    gpus_per_node: int | None = Field(default=None, gt=0, description="default: the server's")
-    nics_per_node: int | None = Field(default=None, ge=0, description="default: the server's")
 
 
 Attention = Literal["flash", "unfused"]
@@ -192,48 +147,6 @@ def load_scenario(path: str | Path, *, overrides: tuple[str, ...] = ()) -> Scena
     return parse_scenario(raw, source=str(path), base_dir=path.resolve().parent)
 
 
-def _inline_model(m: ModelSection, name: str) -> ModelSpec:
-    sizes = (m.n_layers, m.hidden_size, m.n_heads, m.vocab_size)
-    if any(x is None for x in sizes):
-        raise ConfigError("model: give id, hf_config, or n_layers/hidden_size/n_heads/vocab_size")
-    h = int(m.hidden_size or 0)
-    swiglu = m.activation == "swiglu"
-    fields: dict[str, Any] = {
-        "id": name,
-        "architecture": "llama" if swiglu else "gpt2",
-        "num_layers": m.n_layers,
-        "hidden_size": h,
-        "ffn_hidden_size": m.ffn_hidden_size or 4 * h,
-        "num_heads": m.n_heads,
-        "num_kv_heads": m.n_kv_heads or 0,
-        "vocab_size": m.vocab_size,
-        "max_positions": m.seq_len,
-        "activation": {"gelu": "gelu", "swiglu": "swiglu", "squared-relu": "relu"}[m.activation],
-        "num_experts": m.num_experts,
-        "experts_per_token": m.experts_per_token,
-    }
-    if swiglu:
-        fields |= {"norm": "rmsnorm", "position": "rotary", "bias": False}
-        fields |= {"tied_embeddings": False}
-    try:
-        return ModelSpec.model_validate(fields)
-    except ValidationError as e:
-        raise ConfigError(f"model: {e.errors()[0]['msg']}") from e
-
-
-INLINE_KEYS = (
-    "n_layers",
-    "hidden_size",
-    "n_heads",
-    "n_kv_heads",
-    "ffn_hidden_size",
-    "vocab_size",
-    "activation",
-    "num_experts",
-    "experts_per_token",
-)
-
-
 def resolve_model(s: Scenario) -> ModelSpec:
     """The `ModelSpec` a scenario names (catalog id, HF config path, or inline)."""
     m = s.model
@@ -251,41 +164,7 @@ def resolve_model(s: Scenario) -> ModelSpec:
     if m.hf_config is not None:
         path = Path(m.hf_config)
         return load_model(path if path.is_absolute() else Path(s.base_dir) / path)
-    return _inline_model(m, s.study.name)
-
-
-def _beside(base_dir: str, ref: str) -> str:
-    """A catalog id as it is; a relative ``.toml``/``.json`` path from the scenario's folder,
-    as ``model.hf_config`` is (it was read from the current folder), where a file is there."""
-    path = Path(ref)
-    if path.suffix in (".toml", ".json") and not path.is_absolute():
-        beside = Path(base_dir) / path
-        if beside.is_file():
-            return str(beside)
-    return ref
-
-
-def resolve_cluster(c: ClusterSection, base_dir: str = ".") -> Cluster:
-    """A `Cluster` of ``num_gpus`` GPUs of the server type (per-node counts overridable);
-    server and network TOML paths relative to ``base_dir`` (the scenario's folder)."""
-    server = load_server(_beside(base_dir, c.server))
-    update: dict[str, Any] = {}
-    if c.gpus_per_node is not None and c.gpus_per_node != server.gpus_per_node:
-        update["gpus_per_node"] = c.gpus_per_node
-        update["nics_per_node"] = min(server.nics_per_node, c.gpus_per_node)
-    if c.nics_per_node is not None:
-        update["nics_per_node"] = c.nics_per_node
-    server = server.model_copy(update=update) if update else server
-    nodes = math.ceil(c.num_gpus / server.gpus_per_node)
-    if nodes > 1 and server.nics_per_node < 1:
-        raise ConfigError(
-            f"cluster.nics_per_node: {nodes} nodes with no NIC cannot talk; give at least 1"
-        )
-    net_id = c.network or server.default_network
-    net = load_network(_beside(base_dir, net_id)) if net_id else None
-    if nodes > 1 and net is None:
-        raise ConfigError(f"cluster.network: {nodes} nodes need a network id")
-    return Cluster(ClusterSpec(server=server, network=net, num_nodes=nodes))
+    return inline_model(m, s.study.name)
 
 
 def resolve_attention(t: TrainingSection, gpu: GPUSpec) -> Attention:
@@ -322,7 +201,7 @@ def check_tokens(seq_len: int, run: RunConfig) -> None:
 def resolve(s: Scenario) -> SimInputs:
     """Load the model, GPU and cluster a scenario names; unknown ids become `ConfigError`."""
     try:
-        gpu = load_gpu(_beside(s.base_dir, s.cluster.gpu))
+        gpu = load_gpu(beside_scenario(s.base_dir, s.cluster.gpu))
         cluster = resolve_cluster(s.cluster, s.base_dir)
     except (GPUError, TopologyError) as e:
         raise ConfigError(f"cluster: {e}") from e

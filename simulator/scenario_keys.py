@@ -11,9 +11,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from simulator.cluster_section import ClusterSection
+from simulator.model_section import ModelSection
 from simulator.parallel import RunConfig
 from simulator.rows import RUN_KEYS
-from simulator.scenario import ClusterSection, ModelSection, StudySection, TrainingSection
+from simulator.scenario import StudySection, TrainingSection
 
 SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("study", StudySection),

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from simulator.execgraph import CostKey, Node, StepGraph
+from simulator.execgraph import Node, StepGraph
+from simulator.task_costs import CostKey
 
 
 @dataclass(frozen=True, slots=True)

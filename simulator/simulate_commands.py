@@ -26,7 +26,8 @@ from simulator.parallel import RunConfig
 from simulator.results import StepResult
 from simulator.scenario import SimInputs, TrainingSection, check_tokens, load_scenario, resolve
 from simulator.simulate import latency_table, layout_of, simulate_timeline
-from simulator.space import check_sweep, find_scenario
+from simulator.space import find_scenario
+from simulator.sweep_table import check_sweep
 from simulator.trace import write_trace
 
 

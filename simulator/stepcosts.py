@@ -29,11 +29,11 @@ from simulator.comm import (
     param_gather_exposed_s,
     zero3_blocking_s,
 )
-from simulator.execgraph import ChunkCost, StepCosts
 from simulator.parallel import Layout, RunConfig
 from simulator.scenario import SimInputs
 from simulator.shard_params import chunk_expert_params, chunk_params
 from simulator.stagecost import BlockTimes, block_times, shard_kernels
+from simulator.task_costs import ChunkCost, StepCosts
 from topologies.algorithms import Op
 
 

@@ -23,7 +23,8 @@ from simulator.parallel import RunConfig
 from simulator.rows import Row, add_training_cost, blank_row, finite_problem
 from simulator.screen import ScreenCache, screen
 from simulator.simulate import latency_table, simulate
-from simulator.space import Context, Point, Space, point_keys
+from simulator.space import Point, Space, point_keys
+from simulator.sweep_table import Context
 
 Tier = Literal["screen", "simulate"]
 

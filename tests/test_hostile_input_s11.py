@@ -174,7 +174,7 @@ def test_simulate_refuses_a_sweep_table_the_sweep_refuses(
     assignment: str, needle: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """simulate ran [run] and let each of these pass; `tilesim sweep` of the same file then
-    failed on it. Both now name it the same way (space.check_sweep)."""
+    failed on it. Both now name it the same way (sweep_table.check_sweep)."""
     assert main(["simulate", str(TINY), "--set", assignment, "--json"]) == 2
     _one_line(capsys, needle)
     assert capsys.readouterr().out == ""

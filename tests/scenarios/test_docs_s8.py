@@ -15,7 +15,7 @@ from scenarios import SCENARIO_DIR, list_scenarios, load
 from simulator.cli import build_parser
 from simulator.rows import RUN_KEYS
 from simulator.scenario import Scenario, resolve_model
-from simulator.space import OPTION_KEYS, SWEEP_KEYS
+from simulator.sweep_table import OPTION_KEYS, SWEEP_KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 ARCH = ROOT / "docs" / "architecture.md"

@@ -10,10 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.execgraph import ChunkCost, StepCosts, build_exec_graph
+from simulator.execgraph import build_exec_graph
 from simulator.results import _phases
 from simulator.scheduler import critical_path, schedule
 from simulator.schedules import SCHEDULES, in_flight
+from simulator.task_costs import ChunkCost, StepCosts
 
 
 def _uniform(pp: int, m: int, v: int, schedule_name: str, hop_s: float = 0.0) -> StepCosts:

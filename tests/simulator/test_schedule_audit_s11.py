@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from simulator.execgraph import ChunkCost, StepCosts, build_exec_graph
+from simulator.execgraph import build_exec_graph
 from simulator.models import load_model
 from simulator.pipeline_forms import pipeline_hops
 from simulator.results import forward_flops_per_token
@@ -17,6 +17,7 @@ from simulator.schedules import SCHEDULES, in_flight
 from simulator.screen import ScreenCache, screen
 from simulator.simulate import latency_table, simulate, simulate_timeline
 from simulator.space import find_scenario
+from simulator.task_costs import ChunkCost, StepCosts
 
 TINY = find_scenario("tiny-gpt-8gpu")
 

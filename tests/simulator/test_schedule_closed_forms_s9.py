@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from simulator.cli import main
 from simulator.errors import ConfigError
-from simulator.execgraph import ChunkCost, StepCosts, build_exec_graph
+from simulator.execgraph import build_exec_graph
 from simulator.parallel import RunConfig, check_run
 from simulator.results import _phases
 from simulator.scenario import load_scenario, resolve
@@ -21,6 +21,7 @@ from simulator.scheduler import critical_path, schedule
 from simulator.schedules import SCHEDULES, in_flight
 from simulator.simulate import latency_table, simulate_timeline
 from simulator.space import enumerate_space, find_scenario
+from simulator.task_costs import ChunkCost, StepCosts
 
 TINY = find_scenario("tiny-gpt-8gpu")
 SIX = ("model.n_layers=6",)  # 6 layers: pp 2 x v 3 divides them, pp 2 x v 2 does not

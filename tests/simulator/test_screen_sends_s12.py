@@ -8,9 +8,10 @@ import itertools
 
 import pytest
 
-from simulator.execgraph import ChunkCost, StepCosts, build_exec_graph
+from simulator.execgraph import build_exec_graph
 from simulator.pipeline_forms import pipeline_hops, pipeline_sends_s
 from simulator.scheduler import schedule
+from simulator.task_costs import ChunkCost, StepCosts
 
 RATIOS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0)  # send / chunk forward
 BACKWARD = (2.0, 1.0)  # backward / forward

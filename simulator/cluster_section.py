@@ -1,0 +1,73 @@
+"""A scenario's ``[cluster]`` table (`ClusterSection`) and the `Cluster` it names
+(`resolve_cluster`); GPU, server and network files are read relative to the scenario's folder
+(`beside_scenario`).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from simulator.errors import ConfigError
+from topologies import Cluster, ClusterSpec, load_network, load_server
+
+# strict: a TOML ``true`` or ``2.0`` is not a GPU count, nor ``"yes"`` a switch
+_FROZEN = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class ClusterSection(BaseModel):
+    """GPU type and the intra-/inter-node fabrics."""
+
+    model_config = _FROZEN
+    gpu: str = Field(
+        description="catalog id (`tilesim list gpus`), device name, or a GPU .toml / NeuSight "
+        ".json path (relative to the scenario's folder)"
+    )
+    server: str = Field(
+        description="intra-node fabric: catalog id (`tilesim list servers`) or a .toml path"
+    )
+    network: str | None = Field(
+        default=None,
+        description="inter-node fabric (`tilesim list networks`) or a .toml path; default: "
+        "the server's default network; multi-node only",
+    )
+    num_gpus: int = Field(gt=0, description="GPUs in the job: tp x cp x pp x dp")
+    gpus_per_node: int | None = Field(default=None, gt=0, description="default: the server's")
+    nics_per_node: int | None = Field(default=None, ge=0, description="default: the server's")
+
+
+def beside_scenario(base_dir: str, ref: str) -> str:
+    """A catalog id as it is; a relative ``.toml``/``.json`` path from the scenario's folder,
+    as ``model.hf_config`` is (it was read from the current folder), where a file is there."""
+    path = Path(ref)
+    if path.suffix in (".toml", ".json") and not path.is_absolute():
+        beside = Path(base_dir) / path
+        if beside.is_file():
+            return str(beside)
+    return ref
+
+
+def resolve_cluster(c: ClusterSection, base_dir: str = ".") -> Cluster:
+    """A `Cluster` of ``num_gpus`` GPUs of the server type (per-node counts overridable);
+    server and network TOML paths relative to ``base_dir`` (the scenario's folder)."""
+    server = load_server(beside_scenario(base_dir, c.server))
+    update: dict[str, Any] = {}
+    if c.gpus_per_node is not None and c.gpus_per_node != server.gpus_per_node:
+        update["gpus_per_node"] = c.gpus_per_node
+        update["nics_per_node"] = min(server.nics_per_node, c.gpus_per_node)
+    if c.nics_per_node is not None:
+        update["nics_per_node"] = c.nics_per_node
+    server = server.model_copy(update=update) if update else server
+    nodes = math.ceil(c.num_gpus / server.gpus_per_node)
+    if nodes > 1 and server.nics_per_node < 1:
+        raise ConfigError(
+            f"cluster.nics_per_node: {nodes} nodes with no NIC cannot talk; give at least 1"
+        )
+    net_id = c.network or server.default_network
+    net = load_network(beside_scenario(base_dir, net_id)) if net_id else None
+    if nodes > 1 and net is None:
+        raise ConfigError(f"cluster.network: {nodes} nodes need a network id")
+    return Cluster(ClusterSpec(server=server, network=net, num_nodes=nodes))
