@@ -9,7 +9,7 @@ Fused kernels and how they are modelled with the forecaster's families:
   ``attention_causal_bwd``: the blocks above the diagonal skipped, about half the work) in
   every decoder stack (GPT-2, OPT, Llama, Mixtral) and non-causal in BERT's encoder; with
   context parallelism the shard's sequence is ``S/cp``; this causal kernel is the ring's
-  step 0 and `stagecost.ring_steps` adds TransformerEngine's ``cp - 1`` unmasked half steps
+  step 0 and `context_parallel.ring_steps` adds TransformerEngine's ``cp - 1`` unmasked half steps
   (the causal pairs of the whole ``S x S`` matrix over ``cp``, exactly). fp8 training runs
   them in bf16, as TransformerEngine does by default (fp8 for the GEMMs only). Other dtypes
   (FlashAttention-2 has no fp32 kernels the forecaster models) keep the GEMM-shaped stand-in:
@@ -91,14 +91,14 @@ def te_linear(
       else ``cast``); ``LayerNormLinear`` (``fused_norm``: QKV, a dense layer's fc1; Megatron
       core's TELayerNormColumnParallelLinear) none, its norm kernel writes fp8 directly (that
       norm stays priced as the bf16 one, one byte an element over: a kernel has one dtype,
-      and a rows-scaled stand-in would escape `stagecost`'s sequence-parallel row split);
+      and a rows-scaled stand-in would escape `sequence_parallel`'s row split);
     * backward: the output gradient's ``cast_transpose`` (fp8 ``dy`` for dgrad, ``dy^T`` for
       wgrad; the bias gradient fused in: no separate bias reduction), and for
       ``LayerNormLinear`` the ``transpose`` of its saved fp8 input for wgrad.
 
     Under sequence parallelism TE 1.x casts a row-parallel ``dy`` on the local rows and
     transposes it once gathered (3 / tp + 2 bytes an element of ``(T, h)``, against the 4 / tp
-    that `stagecost`'s row split makes of this ``(T, h)`` cast-transpose), and a ``Linear``
+    that `sequence_parallel`'s row split makes of this ``(T, h)`` cast-transpose), and a ``Linear``
     casts its input forward and transposes it backward (5 bytes, not 4). The GEMMs come first
     in ``fw`` and ``bw`` (dgrad, wgrad: `stagecost` reads them there). The weights' casts run
     once a step (``is_first_microbatch``), not per pass: not listed here."""
