@@ -12,11 +12,13 @@ family/op resolved; rows it cannot use are reported in ``skipped``, never droppe
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from forecast.kernels import GEMM_FAMILIES, NEUSIGHT_OPS, Dtype, KernelSpec, OpFamily
@@ -106,6 +108,17 @@ def _check_columns(df: pd.DataFrame, path: Path) -> None:
 
 def _resolve(df: pd.DataFrame, offset: int) -> tuple[pd.DataFrame, list[Skipped]]:
     """Map OPName to family/op, check shapes, convert ms -> s; collect the rows it cannot use."""
+    out, skipped = _map_ops(df, offset)
+    bad, reasons = _invalid_rows(out)
+    skipped += [Skipped(int(out["row"].iloc[i]), reasons[i]) for i in np.flatnonzero(bad)]
+    out = out[~bad].copy()
+    out["latency_s"] = pd.to_numeric(out["Latency"]) * 1e-3
+    return out, skipped
+
+
+def _map_ops(df: pd.DataFrame, offset: int) -> tuple[pd.DataFrame, list[Skipped]]:
+    """The rows, numbered from ``offset``, with their family and op (dtype fp32 where the
+    file has no dtype column); a row of an unknown OPName is skipped."""
     out = df.copy()
     out["row"] = np.arange(offset, offset + len(df))
     fam_op = out["OPName"].map(lambda n: NEUSIGHT_OPS.get(str(n)))
@@ -119,11 +132,34 @@ def _resolve(df: pd.DataFrame, offset: int) -> tuple[pd.DataFrame, list[Skipped]
     out["op"] = [o for _, o in fam_op]
     if "dtype" not in out.columns:
         out["dtype"] = Dtype.FP32.value
-    dtypes = {d.value for d in Dtype}
-    is_gemm = out["family"].isin([f.value for f in GEMM_FAMILIES])
-    needed = {True: GEMM_DIMS, False: ROW_DIMS}
+    return out, skipped
+
+
+def _invalid_rows(out: pd.DataFrame) -> tuple[npt.NDArray[np.bool_], list[str]]:
+    """Which rows cannot be used, and each one's first reason: a shape column of its family
+    that is not a positive whole number up to 2^31, an empty Device, an unknown dtype, or a
+    Latency that is not a positive number."""
     bad = np.zeros(len(out), dtype=bool)
     reasons: list[str] = [""] * len(out)
+    for c, broken in _broken_dims(out):
+        _mark(bad, reasons, broken, f"column {c} must be a positive whole number up to 2^31")
+    device = out["Device"].astype("string").str.strip().fillna("")
+    no_device = "column Device is empty; give the GPU's device name or catalog id"
+    _mark(bad, reasons, (device == "").to_numpy(), no_device)
+    dtypes = {d.value for d in Dtype}
+    broken = ~out["dtype"].astype("string").isin(dtypes).fillna(False).to_numpy(dtype=bool)
+    _mark(bad, reasons, broken, f"column dtype must be one of {', '.join(d.value for d in Dtype)}")
+    lat = pd.to_numeric(out["Latency"], errors="coerce").to_numpy(dtype=float)
+    broken = ~(np.isfinite(lat) & (lat > 0))
+    _mark(bad, reasons, broken, "column Latency must be a positive number of milliseconds")
+    return bad, reasons
+
+
+def _broken_dims(out: pd.DataFrame) -> Iterator[tuple[str, npt.NDArray[np.bool_]]]:
+    """(shape column, rows of a family needing it whose value is not a positive whole number
+    up to `MAX_DIM`), the GEMM families' columns first."""
+    is_gemm = out["family"].isin([f.value for f in GEMM_FAMILIES])
+    needed = {True: GEMM_DIMS, False: ROW_DIMS}
     for gemm, cols in needed.items():
         sel = (is_gemm == gemm).to_numpy()
         for c in cols:
@@ -132,28 +168,16 @@ def _resolve(df: pd.DataFrame, offset: int) -> tuple[pd.DataFrame, list[Skipped]
             else:
                 vals = pd.to_numeric(out[c], errors="coerce").to_numpy(dtype=float)
             ok = np.isfinite(vals) & (vals > 0) & (vals <= MAX_DIM)
-            broken = sel & ~(ok & (np.floor(vals, where=ok, out=np.zeros_like(vals)) == vals))
-            for i in np.flatnonzero(broken & ~bad):
-                reasons[i] = f"column {c} must be a positive whole number up to 2^31"
-            bad |= broken
-    device = out["Device"].astype("string").str.strip().fillna("")
-    broken = (device == "").to_numpy()
+            yield c, sel & ~(ok & (np.floor(vals, where=ok, out=np.zeros_like(vals)) == vals))
+
+
+def _mark(
+    bad: npt.NDArray[np.bool_], reasons: list[str], broken: npt.NDArray[np.bool_], reason: str
+) -> None:
+    """Flag the ``broken`` rows in ``bad``; ``reason`` is the reason of those not yet flagged."""
     for i in np.flatnonzero(broken & ~bad):
-        reasons[i] = "column Device is empty; give the GPU's device name or catalog id"
+        reasons[i] = reason
     bad |= broken
-    broken = ~out["dtype"].astype("string").isin(dtypes).fillna(False).to_numpy(dtype=bool)
-    for i in np.flatnonzero(broken & ~bad):
-        reasons[i] = f"column dtype must be one of {', '.join(d.value for d in Dtype)}"
-    bad |= broken
-    lat = pd.to_numeric(out["Latency"], errors="coerce").to_numpy(dtype=float)
-    broken = ~(np.isfinite(lat) & (lat > 0))
-    for i in np.flatnonzero(broken & ~bad):
-        reasons[i] = "column Latency must be a positive number of milliseconds"
-    bad |= broken
-    skipped += [Skipped(int(out["row"].iloc[i]), reasons[i]) for i in np.flatnonzero(bad)]
-    out = out[~bad].copy()
-    out["latency_s"] = pd.to_numeric(out["Latency"]) * 1e-3
-    return out, skipped
 
 
 def load_measurements(paths: list[Path] | list[str]) -> Measurements:

@@ -165,31 +165,16 @@ def _sheet_si(raw: dict[str, Any], key: str, path: Path) -> float:
 
 def _from_neusight_json(path: Path) -> GPUSpec:
     """Read a NeuSight device sheet (MHz, GB, GB/s, GFLOP/s, MB) into SI units."""
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError) as e:  # ValueError: bad JSON or not UTF-8
-        raise GPUError(f"cannot read NeuSight device file {path}: {e}") from e
-    if not isinstance(raw, dict) or not isinstance(raw.get("Device"), str) or not raw["Device"]:
-        raise GPUError(
-            f"NeuSight device file {path}: field 'Device' must be the device name (a string)"
-        )
+    raw = _read_sheet(path)
     name = raw["Device"]
     # AMD sheets give the vector rate only, as SingleFLOPsVEC
     vec = "SingleFLOPs" not in raw and "SingleFLOPsVEC" in raw
     fp32_key = "SingleFLOPsVEC" if vec else "SingleFLOPs"
     fp32 = _sheet_si(raw, fp32_key, path)
     sms, freq = int(_sheet_si(raw, "Num_Sm", path)), _sheet_si(raw, "Freq", path)
-    # AMD sheets count SIMD units in Core_Per_SM (4): where it is off from the FP32 peak
-    # by more than 2x, the lanes follow from the peak instead.
     lanes = int(_sheet_si(raw, "Core_Per_SM", path))
     implied = fp32 / (2 * sms * freq)
-    if not 0.5 * implied < lanes < 2.0 * implied:
-        lanes = round(implied) if 1 <= implied <= 1e6 else 0
-    if lanes < 1:
-        raise GPUError(
-            f"NeuSight device file {path}: field {fp32_key!r} implies {implied:.3g} FP32 lanes "
-            "per SM at Num_Sm and Freq; give the FP32 peak in GFLOP/s (1 to 1e6 lanes per SM)"
-        )
+    lanes = _fp32_lanes(lanes, implied, path, fp32_key)
     try:
         spec = GPUSpec(
             id=name.lower().replace(" ", "-"),
@@ -211,6 +196,33 @@ def _from_neusight_json(path: Path) -> GPUSpec:
     except ValidationError as e:
         raise GPUError(f"NeuSight device file {path}: {_first_error(e)}") from e
     return _with_catalog_facts(spec)
+
+
+def _read_sheet(path: Path) -> dict[str, Any]:
+    """A NeuSight device sheet as a JSON object with a device name, or a `GPUError`."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as e:  # ValueError: bad JSON or not UTF-8
+        raise GPUError(f"cannot read NeuSight device file {path}: {e}") from e
+    if not isinstance(raw, dict) or not isinstance(raw.get("Device"), str) or not raw["Device"]:
+        raise GPUError(
+            f"NeuSight device file {path}: field 'Device' must be the device name (a string)"
+        )
+    return raw
+
+
+def _fp32_lanes(lanes: int, implied: float, path: Path, fp32_key: str) -> int:
+    """FP32 lanes per SM: the sheet's Core_Per_SM ``lanes``, or where that is off by more than
+    2x from the FP32 peak (field ``fp32_key``) the lanes it ``implied`` (AMD sheets count SIMD
+    units in Core_Per_SM, 4)."""
+    if not 0.5 * implied < lanes < 2.0 * implied:
+        lanes = round(implied) if 1 <= implied <= 1e6 else 0
+    if lanes < 1:
+        raise GPUError(
+            f"NeuSight device file {path}: field {fp32_key!r} implies {implied:.3g} FP32 lanes "
+            "per SM at Num_Sm and Freq; give the FP32 peak in GFLOP/s (1 to 1e6 lanes per SM)"
+        )
+    return lanes
 
 
 def _with_catalog_facts(spec: GPUSpec) -> GPUSpec:

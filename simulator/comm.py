@@ -138,21 +138,12 @@ def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
     ar = 0.0 if sp else collective_s("all-reduce", a, g, cl)
     rs = collective_s("reduce-scatter", a, g, cl) if sp else 0.0
     tp_one = te_ag + rs if sp else ar
+    tp_moe = _tp_moe_s(inputs, layout, a)
     moe = m.num_experts > 1  # every layer (`ModelSpec.moe_every` > 1 is Switch only)
-    ka = a * m.experts_per_token  # the routed tokens an expert shard gathers
-    # (MoE with tp > 1 runs under sequence parallelism only: `parallel.check_run`)
-    tp_moe = (
-        collective_s("all-gather", ka, g, cl) + collective_s("reduce-scatter", ka, g, cl)
-        if moe and sp
-        else 0.0
-    )
     pairs = 1 if moe else 2  # linear pairs moving ``A``: attention (and a dense MLP)
     kv = 2 * run.micro_batch_size * inputs.seq_len * m.kv_heads * m.dhead / run.tp
     kv_bytes = kv * activation_itemsize_bytes(inputs.dtype, inputs.framework)  # bf16 under fp8
-    # each TP rank dispatches its own s/tp tokens under sequence parallelism (Megatron-core's
-    # all-to-all dispatcher: num_local_tokens = s/tp x b), its expert shard then gathering them
-    a2a = a * m.experts_per_token / (run.tp if sp else 1)
-    ep = 2 * collective_s("all-to-all", a2a, layout.ep_group, cl) if m.num_experts > 1 else 0.0
+    ep = _ep_s(inputs, layout, a)
     return LayerComm(
         tp_fw_s=pairs * tp_one + tp_moe,
         tp_bw_s=pairs * (tp_one + te_ag) + tp_moe,
@@ -174,6 +165,28 @@ def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
         tp_moe_s=tp_moe,
         tp_pairs=pairs,
     )
+
+
+def _tp_moe_s(inputs: SimInputs, layout: Layout, a: float) -> float:
+    """A MoE layer's expert half, one direction: the dispatcher's TP all-gather and
+    reduce-scatter of the ``k * A`` routed tokens; 0.0 for a dense model, and without sequence
+    parallelism (MoE with tp > 1 runs under it only: `parallel.check_run`)."""
+    m, g, cl = inputs.model, layout.tp_group, inputs.cluster
+    if not (m.num_experts > 1 and layout.run.sequence_parallel):
+        return 0.0
+    ka = a * m.experts_per_token  # the routed tokens an expert shard gathers
+    return collective_s("all-gather", ka, g, cl) + collective_s("reduce-scatter", ka, g, cl)
+
+
+def _ep_s(inputs: SimInputs, layout: Layout, a: float) -> float:
+    """A MoE layer's two all-to-alls over the EP group, one direction; 0.0 for a dense model."""
+    m, run = inputs.model, layout.run
+    if m.num_experts <= 1:
+        return 0.0
+    # each TP rank dispatches its own s/tp tokens under sequence parallelism (Megatron-core's
+    # all-to-all dispatcher: num_local_tokens = s/tp x b), its expert shard then gathering them
+    a2a = a * m.experts_per_token / (run.tp if run.sequence_parallel else 1)
+    return 2 * collective_s("all-to-all", a2a, layout.ep_group, inputs.cluster)
 
 
 def _dp_collective_s(

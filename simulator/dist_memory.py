@@ -147,28 +147,13 @@ def stage_memory(
     expert = _expert_params(inputs, layout, stage)
     sharded = layout.sharded(params, expert)  # one rank's share
     mixed = ITEMSIZE_BYTES[inputs.dtype] < 4
-    weights = params * param_itemsize_bytes(inputs.dtype)
-    grads = params * grad_itemsize_bytes(inputs.dtype)
+    weights = _weight_bytes(inputs, layout, stage, params=params, sharded=sharded)
+    grads = (sharded if run.zero_stage >= 2 else params) * grad_itemsize_bytes(inputs.dtype)
     optim = (sharded if run.shards_optimizer else params) * (12.0 if mixed else 8.0)
     chunks = layout.layers_per_stage[stage]
-    if run.zero_stage >= 2:
-        grads = sharded * grad_itemsize_bytes(inputs.dtype)
-    other = float(RESERVED_BYTES)
-    if run.zero_stage >= 3:
-        gathered = _gathered_params(inputs, layout, stage)
-        weights = (sharded + gathered) * param_itemsize_bytes(inputs.dtype)
-    if te_fp8(inputs.dtype, inputs.framework):
-        weights += _fp8_weight_cache_bytes(inputs, layout, stage)
     layers_per_chunk = sum(chunks) / len(chunks)
     acts = in_flight * layers_per_chunk * layer_activation_bytes(inputs, layout)
-    if run.recompute == "full":
-        other += layer_activation_bytes(inputs, layout, working=True)
-    if stage == run.pp - 1:
-        tokens = run.micro_batch_size * inputs.seq_len // run.cp
-        # the loss saves its fp32 softmax for the backward: once per micro-batch in flight
-        # through the last chunk (1F1B runs its backward next; GPipe holds all of them)
-        heads = layout.num_micro_batches if run.schedule == "gpipe" else 1
-        other += heads * 4.0 * tokens * inputs.model.vocab_size / run.tp
+    other = _other_bytes(inputs, layout, stage)
     total = weights + grads + optim + acts + other
     hbm = inputs.gpu.hbm_bytes
     fits = total <= hbm
@@ -185,3 +170,35 @@ def stage_memory(
         fits=fits,
         reason=reason,
     )
+
+
+def _weight_bytes(
+    inputs: SimInputs, layout: Layout, stage: int, *, params: float, sharded: float
+) -> float:
+    """Weight bytes on one GPU of ``stage``: its ``params`` parameters, or under ZeRO-3 its
+    ``sharded`` share plus the gathered working set (`_gathered_params`); TransformerEngine's
+    cached fp8 copies on top under fp8 training (`_fp8_weight_cache_bytes`)."""
+    weights = params * param_itemsize_bytes(inputs.dtype)
+    if layout.run.zero_stage >= 3:
+        gathered = _gathered_params(inputs, layout, stage)
+        weights = (sharded + gathered) * param_itemsize_bytes(inputs.dtype)
+    if te_fp8(inputs.dtype, inputs.framework):
+        weights += _fp8_weight_cache_bytes(inputs, layout, stage)
+    return weights
+
+
+def _other_bytes(inputs: SimInputs, layout: Layout, stage: int) -> float:
+    """Bytes on one GPU of ``stage`` besides the model state and the activations in flight:
+    the fixed reserve, one layer's full set while it is recomputed (full recompute), and on the
+    last stage the loss's fp32 softmax."""
+    run = layout.run
+    other = float(RESERVED_BYTES)
+    if run.recompute == "full":
+        other += layer_activation_bytes(inputs, layout, working=True)
+    if stage == run.pp - 1:
+        tokens = run.micro_batch_size * inputs.seq_len // run.cp
+        # the loss saves its fp32 softmax for the backward: once per micro-batch in flight
+        # through the last chunk (1F1B runs its backward next; GPipe holds all of them)
+        heads = layout.num_micro_batches if run.schedule == "gpipe" else 1
+        other += heads * 4.0 * tokens * inputs.model.vocab_size / run.tp
+    return other

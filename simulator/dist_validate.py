@@ -141,11 +141,11 @@ def _grad_run(row: dict[str, Any], ddp: str) -> dict[str, Any]:
     return {"overlap_grad_reduce": True, "buckets": max(1, round(2 * params / DDP_BUCKET_BYTES))}
 
 
-def published_scenario(row: dict[str, Any], *, latency_model: str = "auto") -> Scenario:
-    """A scenario from one ``dev_runs.json`` row (inferences: module docstring)."""
-    model_keys = ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "ffn_hidden_size")
+def _published_run(row: dict[str, Any]) -> dict[str, Any]:
+    """The ``[run]`` table of a ``dev_runs.json`` row: its stated layout, the settings it leaves
+    null (`_stated`), its DP gradient reduction and its source's software (`SOURCE_RUN`)."""
     mbs, v, ddp = _stated(row)
-    run = {
+    return {
         "tp": row["tp"],
         "pp": row["pp"],
         "dp": row["dp"],
@@ -160,6 +160,12 @@ def published_scenario(row: dict[str, Any], *, latency_model: str = "auto") -> S
         **_grad_run(row, ddp),
         **_source_run(row),
     }
+
+
+def published_scenario(row: dict[str, Any], *, latency_model: str = "auto") -> Scenario:
+    """A scenario from one ``dev_runs.json`` row (inferences: module docstring)."""
+    model_keys = ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "ffn_hidden_size")
+    run = _published_run(row)
     raw = {
         "study": {"name": row["id"]},
         "model": {

@@ -166,21 +166,7 @@ def bert(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
         r.layernorm("ln", z.T, z.H, z.dt),
         r.dropout("drop", z.T, z.H, z.dt),
     ]
-    pooler = [
-        r.linear("pooler", z.B, (z.H, z.H), z.dt),
-        r.elementwise("pooler_tanh", "tanh", (z.B, z.H), z.dt),
-    ]
-    if run.mode == "inf":  # BertForSequenceClassification (the traced inference model)
-        head = [*pooler, r.linear("classifier", z.B, (z.H, 2), z.dt)]
-    else:  # BertForPreTraining (the traced training model): MLM over the vocabulary + NSP
-        head = [
-            *pooler,
-            r.linear("transform", z.T, (z.H, z.H), z.dt),
-            r.elementwise("transform_gelu", "gelu", (z.T, z.H), z.dt),
-            r.layernorm("transform_ln", z.T, z.H, z.dt),
-            r.tie(r.linear("decoder", z.T, (z.H, z.V), z.dt), m.tied_embeddings),
-            r.linear("seq_relationship", z.B, (z.H, 2), z.dt),
-        ]
+    head = _bert_head(m, z, run)
     return (
         Block("embed", tuple(embed), host_ops=25),
         Block("layer", tuple(layer), m.num_layers, host_ops=24),
@@ -188,26 +174,35 @@ def bert(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     )
 
 
+def _bert_head(m: ModelSpec, z: Sizes, run: Workload) -> list[FrameworkOp]:
+    """The pooler (a linear and tanh over each sequence's first token), then the traced
+    models' heads: a 2-way classifier for inference, the MLM transform, vocabulary decoder
+    and next-sentence classifier for training."""
+    pooler = [
+        r.linear("pooler", z.B, (z.H, z.H), z.dt),
+        r.elementwise("pooler_tanh", "tanh", (z.B, z.H), z.dt),
+    ]
+    if run.mode == "inf":  # BertForSequenceClassification (the traced inference model)
+        return [*pooler, r.linear("classifier", z.B, (z.H, 2), z.dt)]
+    # BertForPreTraining (the traced training model): MLM over the vocabulary + NSP
+    return [
+        *pooler,
+        r.linear("transform", z.T, (z.H, z.H), z.dt),
+        r.elementwise("transform_gelu", "gelu", (z.T, z.H), z.dt),
+        r.layernorm("transform_ln", z.T, z.H, z.dt),
+        r.tie(r.linear("decoder", z.T, (z.H, z.V), z.dt), m.tied_embeddings),
+        r.linear("seq_relationship", z.B, (z.H, 2), z.dt),
+    ]
+
+
 def opt(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     """OPTForCausalLM: pre-norm, scaled q, three head-split copies, mask add + clamp, ReLU;
     a ``word_embed_proj_dim`` other than the hidden size adds ``project_in`` after the token
     table and ``project_out`` before the head (OPT-350m)."""
     z = sizes(m, run)
-    scores = z.scores
     layer = [
         r.layernorm("attn_ln", z.T, z.H, z.dt),
-        r.linear("q_proj", z.T, (z.H, z.H), z.dt),
-        r.elementwise("q_scale", "mulu", (z.T, z.H), z.dt),
-        r.linear("k_proj", z.T, (z.H, z.H), z.dt),
-        r.linear("v_proj", z.T, (z.H, z.H), z.dt),
-        *(r.memory(f"split_{x}", "copy", (z.T, z.H), z.dt) for x in "qkv"),
-        *cache_append(z, z.H),
-        r.bmm("qk", (z.B * z.nh, z.S, z.d, z.keys), z.dt),
-        r.elementwise("mask_add", "add", scores, z.dt),
-        r.maximum("mask_clamp", scores, z.dt),
-        r.softmax("softmax", *scores, z.dt),
-        r.bmm("av", (z.B * z.nh, z.S, z.keys, z.d), z.dt),
-        r.memory("merge_heads", "copy", (z.T, z.H), z.dt),
+        *_opt_attention(z),
         r.linear("out_proj", z.T, (z.H, z.H), z.dt),
         *_residual(z, "attn"),
         r.layernorm("ffn_ln", z.T, z.H, z.dt),
@@ -237,6 +232,27 @@ def opt(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
         Block("layer", tuple(layer), m.num_layers, host_ops=43),
         Block("head", tuple(head), host_ops=2),
     )
+
+
+def _opt_attention(z: Sizes) -> list[FrameworkOp]:
+    """OPTAttention up to its output projection, in launch order: q, k and v projections (q
+    scaled), a head-split copy of each, QK^T, the mask added and clamped, softmax, AV and the
+    head-merge copy."""
+    scores = z.scores
+    return [
+        r.linear("q_proj", z.T, (z.H, z.H), z.dt),
+        r.elementwise("q_scale", "mulu", (z.T, z.H), z.dt),
+        r.linear("k_proj", z.T, (z.H, z.H), z.dt),
+        r.linear("v_proj", z.T, (z.H, z.H), z.dt),
+        *(r.memory(f"split_{x}", "copy", (z.T, z.H), z.dt) for x in "qkv"),
+        *cache_append(z, z.H),
+        r.bmm("qk", (z.B * z.nh, z.S, z.d, z.keys), z.dt),
+        r.elementwise("mask_add", "add", scores, z.dt),
+        r.maximum("mask_clamp", scores, z.dt),
+        r.softmax("softmax", *scores, z.dt),
+        r.bmm("av", (z.B * z.nh, z.S, z.keys, z.d), z.dt),
+        r.memory("merge_heads", "copy", (z.T, z.H), z.dt),
+    ]
 
 
 def _hf_llama(m: ModelSpec, run: Workload) -> tuple[Block, ...]:

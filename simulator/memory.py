@@ -73,13 +73,7 @@ def saved_bytes(
 
     * replicated: the two norms' inputs ``2x``, two bool dropout masks (1 byte each, whatever
       the dtype), the QKV and fc1 inputs ``2g``: 10 in 16-bit, 8 under fp8, 18 in fp32;
-    * parallel: Q ``xq``, K and V ``2x kv`` (``q``, ``kv``: their widths over ``h``), the
-      projection's input ``gq``, plus FlashAttention's own bf16 output ``xq`` where the
-      projection keeps a separate fp8 copy; the MLP's activation-function tensors, ``x f/h``
-      each: GeLU's input (1), Megatron's fused SwiGLU's gate and up (2; it recomputes SiLU in
-      backward), HF eager ``LlamaMLP``'s gate, SiLU(gate) and up (3: SiLU saves its input, the
-      multiply both of its inputs); and fc2's input ``g f/h``; a MoE layer keeps that MLP
-      part once per expert a token goes to, averaged over the share of MoE layers;
+    * parallel: the attention's and the MLP's tensors (`_parallel_saved_bytes`);
     * routed: the experts' first GEMM input, ``g`` per routed copy (``k = experts_per_token``
       copies of each token; Megatron-core's GroupedMLP / SequentialMLP, HF's
       ``hidden_states[top_x]``), whole on every TP rank, as the all-to-all dispatcher gathers
@@ -91,6 +85,26 @@ def saved_bytes(
     """
     x = activation_itemsize_bytes(dtype, framework)
     g = ITEMSIZE_BYTES[dtype]
+    parallel = _parallel_saved_bytes(model, framework, dtype, flash=flash)
+    copies = g + (x if framework == "hf-eager" else 0.0)
+    routed = copies * model.experts_per_token * _moe_share(model)
+    masks = 2.0 * MASK_ITEMSIZE_BYTES  # attention's output and the MLP's output dropout
+    return SavedBytes(replicated=2.0 * x + masks + 2.0 * g, parallel=parallel, routed=routed)
+
+
+def _parallel_saved_bytes(
+    model: ModelSpec, framework: Framework, dtype: Dtype, *, flash: bool
+) -> float:
+    """`SavedBytes.parallel` (``x``, ``g``: `saved_bytes`): Q ``xq``, K and V ``2x kv`` (``q``,
+    ``kv``: their widths over ``h``), the projection's input ``gq``, plus FlashAttention's own
+    bf16 output ``xq`` where the projection keeps a separate fp8 copy; the MLP's
+    activation-function tensors, ``x f/h`` each: GeLU's input (1), Megatron's fused SwiGLU's
+    gate and up (2; it recomputes SiLU in backward), HF eager ``LlamaMLP``'s gate, SiLU(gate)
+    and up (3: SiLU saves its input, the multiply both of its inputs); and fc2's input
+    ``g f/h``; a MoE layer keeps that MLP part once per expert a token goes to, averaged over
+    the share of MoE layers."""
+    x = activation_itemsize_bytes(dtype, framework)
+    g = ITEMSIZE_BYTES[dtype]
     q = model.num_heads * model.dhead / model.hidden_size
     kv = model.kv_heads * model.dhead / model.hidden_size
     flash_out = x * q if flash and g != x else 0.0  # FlashAttention's saved bf16 output
@@ -98,12 +112,12 @@ def saved_bytes(
     swiglu = 3.0 if framework == "hf-eager" else 2.0
     act = swiglu if model.activation == "swiglu" else 1.0
     mlp = (act * x + g) * model.ffn_hidden_size / model.hidden_size
-    moe_share = model.moe_layers(model.num_layers) / model.num_layers
-    parallel = attention + mlp * (1.0 + (model.experts_per_token - 1) * moe_share)
-    copies = g + (x if framework == "hf-eager" else 0.0)
-    routed = copies * model.experts_per_token * moe_share
-    masks = 2.0 * MASK_ITEMSIZE_BYTES  # attention's output and the MLP's output dropout
-    return SavedBytes(replicated=2.0 * x + masks + 2.0 * g, parallel=parallel, routed=routed)
+    return attention + mlp * (1.0 + (model.experts_per_token - 1) * _moe_share(model))
+
+
+def _moe_share(model: ModelSpec) -> float:
+    """The share of the model's layers that carry experts."""
+    return model.moe_layers(model.num_layers) / model.num_layers
 
 
 # TransformerEngine's fp8 copy of each GEMM weight and of its transpose, cached across

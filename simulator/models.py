@@ -15,24 +15,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from simulator.errors import ConfigError
+from simulator.model_shapes import ShapeError, check_shapes
 
 CATALOG_DIR = Path(__file__).parent / "data" / "models"
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "neusight"
-# One expert FFN op per local expert in the op list: 2^16 experts price a step in about
-# 0.1 s, 10^6 took over a minute and 2^63 overflowed; the largest MoE models have a few
-# thousand (Switch-C: 2,048, Fedus et al. 2021)
-MAX_EXPERTS = 2**16
 
 Architecture = Literal["gpt2", "opt", "bert", "switch", "llama", "mixtral"]
 Activation = Literal["gelu", "gelu_new", "relu", "swiglu"]
-
-
-class ShapeError(ValueError):
-    """Sizes that do not fit together; ``field`` is the one to change."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 class ModelSpec(BaseModel):
@@ -81,48 +70,7 @@ class ModelSpec(BaseModel):
 
     @model_validator(mode="after")
     def _sizes_fit(self) -> ModelSpec:
-        h, heads, kv = self.hidden_size, self.num_heads, self.num_kv_heads
-        if not self.head_dim and h % heads:
-            raise ShapeError(
-                "num_heads",
-                f"{heads} heads do not divide the hidden size {h}; use a divisor of {h}",
-            )
-        if kv and heads % kv:
-            raise ShapeError(
-                "num_kv_heads",
-                f"{kv} key/value heads do not divide the {heads} attention heads; "
-                f"use a divisor of {heads}",
-            )
-        if self.num_experts > 1 and self.moe_every > 1 and self.architecture != "switch":
-            raise ShapeError(
-                "moe_every",
-                f"{self.moe_every}: only Switch models alternate dense and expert layers here; "
-                f"{self.architecture} models put experts in every layer: use moe_every = 1",
-            )
-        if self.embed_dim not in (0, h) and self.architecture != "opt":
-            raise ShapeError(
-                "embed_dim",
-                f"{self.embed_dim} differs from the hidden size {h}: only OPT models project "
-                f"their embeddings here; use embed_dim = 0",
-            )
-        if self.local_experts:  # set on a shard by `model_copy`, which skips this check
-            raise ShapeError(
-                "local_experts",
-                f"{self.local_experts}: the simulator sets it on each expert-parallel shard "
-                "(num_experts / run.ep); remove it and choose run.ep",
-            )
-        if self.num_experts > MAX_EXPERTS:
-            raise ShapeError(
-                "num_experts",
-                f"{self.num_experts} experts: at most {MAX_EXPERTS} (2^16) per layer are "
-                f"modelled; set num_experts to {MAX_EXPERTS} or fewer",
-            )
-        if self.experts_per_token > self.num_experts:
-            raise ShapeError(
-                "experts_per_token",
-                f"{self.experts_per_token} experts per token exceed the {self.num_experts} "
-                f"experts; use at most {self.num_experts}",
-            )
+        check_shapes(self)
         return self
 
     def expert_rows(self, tokens: int, sequences: int = 1) -> int:

@@ -207,21 +207,8 @@ def check_run(
     the most nodes (`_widest_group`)."""
     dp = _check_sizes(run, model, num_gpus)
     if gpus_per_node is not None:
-        n = gpus_per_node
-        _need(
-            n % run.tp == 0 or run.tp % n == 0,
-            "run.tp",
-            f"must divide the {n} GPUs of a node or be a multiple of them (a TP group of "
-            f"{run.tp} would straddle two nodes)",
-        )
-    per_step = run.micro_batch_size * dp
-    _need(
-        global_batch_size % per_step == 0,
-        "training.global_batch_size",
-        f"must be a multiple of micro_batch_size*dp = {per_step}",
-    )
-    _need(seq_len % run.cp == 0, "run.cp", f"must divide seq_len = {seq_len}")
-    m = global_batch_size // per_step
+        _check_tp_nodes(run.tp, gpus_per_node)
+    m = _micro_batches(run, dp, global_batch_size=global_batch_size, seq_len=seq_len)
     _check_schedule(run, model.num_layers, m)
     v = run.virtual_stages
     counts = split_layers(model.num_layers, run.pp * v)
@@ -243,6 +230,30 @@ def check_run(
         edp_group=group(tp * ep, cp * dp // ep),
         pp_hops=_pp_hops(run.pp, tp * cp * dp, wrap=v > 1),
     )
+
+
+def _check_tp_nodes(tp: int, gpus_per_node: int) -> None:
+    """A TP group sits inside one node or spans whole nodes."""
+    n = gpus_per_node
+    _need(
+        n % tp == 0 or tp % n == 0,
+        "run.tp",
+        f"must divide the {n} GPUs of a node or be a multiple of them (a TP group of "
+        f"{tp} would straddle two nodes)",
+    )
+
+
+def _micro_batches(run: RunConfig, dp: int, *, global_batch_size: int, seq_len: int) -> int:
+    """Micro-batches per step of one DP replica; the global batch must split into whole ones,
+    and the sequence over the CP ranks."""
+    per_step = run.micro_batch_size * dp
+    _need(
+        global_batch_size % per_step == 0,
+        "training.global_batch_size",
+        f"must be a multiple of micro_batch_size*dp = {per_step}",
+    )
+    _need(seq_len % run.cp == 0, "run.cp", f"must divide seq_len = {seq_len}")
+    return global_batch_size // per_step
 
 
 def _widest_group(step: int, n: int, world: int, per_node: int | None) -> tuple[int, ...]:

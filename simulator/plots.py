@@ -7,12 +7,14 @@ writes one PNG; `plot_all` draws them all (``tilesim plot DIR`` redraws from ``r
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 from matplotlib.axis import Axis
 from matplotlib.text import Annotation
 from matplotlib.ticker import FuncFormatter
@@ -190,51 +192,75 @@ def _unit(values: list[float | None], units: tuple[tuple[str, float], ...]) -> t
     return next(((u, k) for u, k in units if top * k >= 1), units[-1])
 
 
+@dataclass(frozen=True, slots=True)
+class _Panel:
+    """One panel of the procurement figure: a quantity per option and size."""
+
+    what: str  # the axis label
+    units: tuple[tuple[str, float], ...]  # unit choices (`_unit`)
+    values: list[float | None]  # per entry, SI
+    lacks: str  # what an entry with a best layout but no value lacks ("no price")
+    color: str
+
+
 def plot_procurement(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path:
     """Per option and size, its best layout's time to train, cost and energy (the panels the
     rows can fill: without a token budget, tokens/s only). An option without a price or
     power has no bar in that panel and says so (it was drawn as a bar of zero); so does an
     option and size without a ranked layout (`unranked_contexts`: it was left out)."""
     entries = procurement_entries(rows, by)
-    best = [r for _, r, _ in entries if r is not None]
-    labels = [ctx for ctx, _, _ in entries]
-
-    def column(col: str) -> list[float | None]:
-        return [None if r is None else r[col] for _, r, _ in entries]
-
-    # (axis label, unit choices, values, what a missing value lacks, color)
-    panels: list[tuple[str, tuple[tuple[str, float], ...], list[float | None], str, str]] = []
-    if any(r["time_to_train_s"] is not None for r in best):
-        days = column("time_to_train_s")
-        panels.append(("time to train the token budget", _DAYS, days, "", "#4c72b0"))
-    else:
-        tps = column("tokens_per_s")
-        panels.append(("throughput", (("tokens/s", 1.0),), tps, "", "#4c72b0"))
-    if any(r["cost_usd"] is not None for r in best):
-        cost = column("cost_usd")
-        panels.append(("cost (user-supplied prices)", _USD, cost, "no price", "#c44e52"))
-    if any(r["energy_mwh"] is not None for r in best):
-        mwh = column("energy_mwh")
-        panels.append(("energy (user-supplied power)", _MWH, mwh, "no power", "#55a868"))
+    panels = _procurement_panels(entries)
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels) + 1.5, 5), squeeze=False)
-    for i, (ax, (what, units, raw, lacks, color)) in enumerate(zip(axes[0], panels, strict=True)):
-        unit, scale = _unit(raw, units)
-        values = [None if v is None else v * scale for v in raw]
-        bars = ax.barh(labels, [v or 0.0 for v in values], color=color)
-        ax.invert_yaxis()  # top to bottom in the report table's order, best first
-        texts = [
-            (why if r is None else lacks) if v is None else amount_text(v)
-            for (_, r, (why, _)), v in zip(entries, values, strict=True)
-        ]
-        ax.bar_label(bars, labels=texts, fontsize=8, padding=2)
-        ax.set_xlabel(f"{what}, {unit}")
-        if unit == "tokens/s":
-            _whole_numbers(ax.xaxis)
-        ax.set_xlim(0, max((v for v in values if v is not None), default=0.0) * 1.2 or 1.0)
+    for i, (ax, panel) in enumerate(zip(axes[0], panels, strict=True)):
+        _draw_panel(ax, panel, entries)
         if i:
             ax.set_yticks([])
     fig.suptitle(f"Cluster options, best first by {RANKING_NAMES[by]}: the best layout of each")
     return save_figure(fig, path)
+
+
+def _procurement_panels(entries: list[tuple[str, Row | None, tuple[str, str]]]) -> list[_Panel]:
+    """Time to train (tokens/s without a token budget), then cost and energy where any best
+    layout has them."""
+    best = [r for _, r, _ in entries if r is not None]
+
+    def column(col: str) -> list[float | None]:
+        return [None if r is None else r[col] for _, r, _ in entries]
+
+    panels: list[_Panel] = []
+    if any(r["time_to_train_s"] is not None for r in best):
+        days = column("time_to_train_s")
+        panels.append(_Panel("time to train the token budget", _DAYS, days, "", "#4c72b0"))
+    else:
+        tps = column("tokens_per_s")
+        panels.append(_Panel("throughput", (("tokens/s", 1.0),), tps, "", "#4c72b0"))
+    if any(r["cost_usd"] is not None for r in best):
+        cost = column("cost_usd")
+        panels.append(_Panel("cost (user-supplied prices)", _USD, cost, "no price", "#c44e52"))
+    if any(r["energy_mwh"] is not None for r in best):
+        mwh = column("energy_mwh")
+        panels.append(_Panel("energy (user-supplied power)", _MWH, mwh, "no power", "#55a868"))
+    return panels
+
+
+def _draw_panel(
+    ax: Axes, panel: _Panel, entries: list[tuple[str, Row | None, tuple[str, str]]]
+) -> None:
+    """One panel's bars, top to bottom in the report table's order, each labelled with its
+    amount, or why it has none."""
+    unit, scale = _unit(panel.values, panel.units)
+    values = [None if v is None else v * scale for v in panel.values]
+    bars = ax.barh([ctx for ctx, _, _ in entries], [v or 0.0 for v in values], color=panel.color)
+    ax.invert_yaxis()  # top to bottom in the report table's order, best first
+    texts = [
+        (why if r is None else panel.lacks) if v is None else amount_text(v)
+        for (_, r, (why, _)), v in zip(entries, values, strict=True)
+    ]
+    ax.bar_label(bars, labels=texts, fontsize=8, padding=2)
+    ax.set_xlabel(f"{panel.what}, {unit}")
+    if unit == "tokens/s":
+        _whole_numbers(ax.xaxis)
+    ax.set_xlim(0, max((v for v in values if v is not None), default=0.0) * 1.2 or 1.0)
 
 
 PLOTS: dict[str, Callable[..., Path]] = {

@@ -1,4 +1,5 @@
-"""Rows -> rankings, the top-K table, the procurement summary and the Markdown report.
+"""Rows -> rankings, the top-K table, the procurement summary and the Markdown report (its
+prose, the column definitions and the Notes, in `report_notes`).
 
 Only simulated, fitting rows are ranked (the screen only chooses what to simulate). Rankings:
 ``tokens`` (tokens/s, highest first), ``time`` (time to train the token budget) and ``cost``
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from simulator.errors import ConfigError
+from simulator.report_notes import COLUMNS, notes
 from simulator.rows import Row
 
 # ranking id -> (column, highest first)
@@ -182,71 +184,6 @@ def counts(rows: Sequence[Row]) -> dict[str, int]:
     }
 
 
-def screen_error(rows: Sequence[Row]) -> tuple[float, float] | None:
-    """Median and max |screen / simulate - 1| of tokens/s over the simulated rows."""
-    errs = sorted(
-        abs(r["screen_tokens_per_s"] / r["tokens_per_s"] - 1)
-        for r in rows
-        if r["tier"] == "simulate" and r["tokens_per_s"] and r["screen_tokens_per_s"]
-    )
-    return (errs[len(errs) // 2], errs[-1]) if errs else None
-
-
-def _reasons(rows: Sequence[Row]) -> str:
-    c = Counter(
-        (r["reason"] or "").split(" needs ")[0] for r in rows if r["status"] == "infeasible"
-    )
-    return ", ".join(f"{n} x {why}" for why, n in c.most_common(5)) or "none"
-
-
-def _basis(rows: Sequence[Row]) -> list[str]:
-    """What days, $ and MWh are for (the tables did not say): the token budget, the forms."""
-    tokens = next((r["train_tokens"] for r in rows if r.get("train_tokens")), None)
-    if tokens is None:
-        return []
-    return [
-        f"* Days, cost and energy are for the token budget, {tokens:g} tokens "
-        "(`sweep.train_tokens`), at each layout's simulated tokens/s: cost = GPUs x hours x "
-        "price_per_gpu_hour; energy = GPUs x power_w_per_gpu x time, with the scenario's "
-        "power per GPU as given (no facility overhead, PUE, is added)."
-    ]
-
-
-# said only when the scenario gives a price or a power (every report said it)
-PRICE_NOTE = (
-    "* Prices and power are the scenario's inputs (see the scenario file), not catalog facts."
-)
-
-# What each column of the report's tables is (the report printed them unexplained), and the
-# top-layouts figure's parts; the definitions are those of `simulator.results`
-COLUMNS = """\
-* `context`: the cluster option and its GPU count, `option@GPUs`.
-* `layout`, `best layout`: tensor (`tp`), context (`cp`, shown when over 1), pipeline (`pp`) and
-  data (`dp`) parallel degrees, micro-batch size (`mbs`), pipeline schedule (`/vN`: N virtual
-  stages per GPU), activation recomputation (none, selective, full), ZeRO stage (`z`), then
-  `sp` (sequence parallelism) and `dist-opt` (distributed optimizer) when on.
-* `tokens/s`: the whole cluster's training throughput, global batch x sequence length / step
-  time.
-* `MFU`: model FLOPs per step / (GPUs x step time x the GPU's dense peak FLOP/s in the training
-  dtype). Model FLOPs are 3 forward passes (the backward counted as two), a forward pass per
-  token being 2 x the layer weights (QKV, projection, FFN) + 4 x sequence length x attention
-  width per layer (causal mask not discounted) + 2 x hidden size x vocabulary for the head
-  (Narayanan et al. 2021, eq. 3); recomputation is not counted (it is in the rows' `hfu`).
-* `step s`: the simulated time of one training step (forward, backward and optimizer), seconds.
-* `bubble`: the mean over GPUs of the share of the forward-backward span a GPU's compute stream
-  is idle: pipeline fill and drain, and waits on communication not hidden under compute (the
-  gradient reduction left after the last backward, and the optimizer, are not in it).
-* `GiB/GPU`: peak memory of the fullest GPU (weights, gradients, optimizer state, activations
-  in flight, reserved), in GiB (2^30 bytes); a layout over the GPU's memory does not fit.
-* `option`, `GPUs`: the cluster option (`[[sweep.options]]` by id, else the cluster's GPU)
-  and its size.
-* `days`, `cost $`, `MWh`: time, cost and energy to train the token budget `sweep.train_tokens`
-  at the layout's tokens/s (`-` without the budget, a price or a power; see Notes).
-* Top-layouts figure: each step's critical path split into compute, exposed communication by
-  kind (time on the critical path spent in tp, cp, ep, pp or dp communication that compute did
-  not hide) and the optimizer; the parts add up to the step."""
-
-
 def markdown_report(
     rows: Sequence[Row],
     *,
@@ -258,52 +195,56 @@ def markdown_report(
     """The sweep's report: counts, top K, best per cluster option, screen accuracy, errors;
     ``pruned``: (rule, layouts, the first one's reason) of the layouts pruned before screening
     (`space.Space.pruned_by`)."""
-    n = counts(rows)
-    n_pruned = sum(c for _, c, _ in pruned)
-    by_rule = [f"* {c} by `{rule}`: {why}" for rule, c, why in pruned]
-    err = screen_error(rows)
-    shown = min(k, len(rank(rows, by)))
     parts = [
         f"# Sweep: {title}",
-        f"{n['layouts'] + n_pruned} layouts enumerated; {n_pruned} pruned as invalid or duplicate; "
-        f"{n['layouts']} screened in closed form; {n['infeasible']} do not fit in memory; "
-        f"{n['simulated']} simulated with the execution graph; {n['errors']} errors. "
-        f"Ranked by {RANKING_NAMES[by]} (simulated layouts only).",
-        *(
-            [
-                "Pruned before screening, by rule (for a key's rule, the first pruned "
-                "layout's reason):"
-            ]
-            if by_rule
-            else []
-        ),
-        *(["\n".join(by_rule)] if by_rule else []),
-        f"## Top {shown}",
+        *_summary(rows, pruned, by),
+        f"## Top {min(k, len(rank(rows, by)))}",
         top_table(rows, k=k, by=by),
         f"## Best layout per cluster option (best first by {RANKING_NAMES[by]})",
         procurement_table(rows, by=by),
         "## Columns",
         COLUMNS,
         "## Notes",
-        f"* Screen vs simulation, tokens/s: median |error| {err[0]:.1%}, max {err[1]:.1%}."
-        if err
-        else "* No simulated rows to check the screen against.",
-        f"* Infeasible (stage that does not fit, by count): {_reasons(rows)}.",
-        *_basis(rows),
-        *(
-            [PRICE_NOTE]
-            if any(r.get("price_per_gpu_hour") or r.get("power_w_per_gpu") for r in rows)
-            else []
-        ),
-    ]
-    failed = [r for r in rows if r["status"] == "error"]
-    if failed:
-        parts += ["## Errors", *[f"* `{r['key']}`: {r['reason']}" for r in failed[:20]]]
-    parts += [
-        "## Figures",
-        "![top layouts](top_layouts.png)",
-        "![throughput vs memory](pareto.png)",
-        "![scaling](scaling.png)",
-        "![procurement](procurement.png)",
+        *notes(rows),
+        *_errors(rows),
+        *FIGURES,
     ]
     return "\n\n".join(parts) + "\n"
+
+
+def _summary(rows: Sequence[Row], pruned: Sequence[tuple[str, int, str]], by: str) -> list[str]:
+    """The report's opening: layouts by outcome, then those pruned before screening by rule
+    (for a key's rule, the first pruned layout's reason)."""
+    n = counts(rows)
+    n_pruned = sum(c for _, c, _ in pruned)
+    lines = [
+        f"{n['layouts'] + n_pruned} layouts enumerated; {n_pruned} pruned as invalid or duplicate; "
+        f"{n['layouts']} screened in closed form; {n['infeasible']} do not fit in memory; "
+        f"{n['simulated']} simulated with the execution graph; {n['errors']} errors. "
+        f"Ranked by {RANKING_NAMES[by]} (simulated layouts only)."
+    ]
+    if pruned:
+        lines += [
+            "Pruned before screening, by rule (for a key's rule, the first pruned "
+            "layout's reason):",
+            "\n".join(f"* {c} by `{rule}`: {why}" for rule, c, why in pruned),
+        ]
+    return lines
+
+
+def _errors(rows: Sequence[Row]) -> list[str]:
+    """The Errors section: the first 20 layouts that failed (no section when none did)."""
+    failed = [r for r in rows if r["status"] == "error"]
+    if not failed:
+        return []
+    return ["## Errors", *[f"* `{r['key']}`: {r['reason']}" for r in failed[:20]]]
+
+
+# the figures `plots.plot_all` writes beside the report
+FIGURES = (
+    "## Figures",
+    "![top layouts](top_layouts.png)",
+    "![throughput vs memory](pareto.png)",
+    "![scaling](scaling.png)",
+    "![procurement](procurement.png)",
+)

@@ -16,6 +16,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 from matplotlib.text import Annotation
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
@@ -45,15 +46,26 @@ def plot_serve(
     request at batch ``b``."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.6))
     batches = plot_batches(request, max_batch)
-    results = [by_batch(b) for b in batches]
+    labels = _draw_batches(left, request, batches, [by_batch(b) for b in batches])
+    _draw_passes(right, request, curve)
+    fig.suptitle(title)
+    place_labels(fig, labels)  # the fastest batch's label ran past the right edge
+    return save_figure(fig, out)
+
+
+def _draw_batches(
+    ax: Axes, request: ServeRequest, batches: list[int], results: list[ServeResult]
+) -> list[Annotation]:
+    """The left panel: time per output token (prefill at ``--gen 1``) against output tokens/s,
+    one labelled point per batch (the requested one in bold); returns the labels."""
     x = [r.output_tokens_per_s for r in results]
     y = [r.tpot_ms if request.gen > 1 else r.prefill_ms for r in results]
-    left.plot(x, y, marker="o", color="tab:blue", lw=1)
+    ax.plot(x, y, marker="o", color="tab:blue", lw=1)
     labels: list[Annotation] = []
     for b, xi, yi, r in zip(batches, x, y, results, strict=True):
         mark = "" if r.fits else " (does not fit)"
         weight = "bold" if b == request.batch else "normal"
-        label = left.annotate(
+        label = ax.annotate(
             f"b={b}{mark}",
             (xi, yi),
             textcoords="offset points",
@@ -64,39 +76,42 @@ def plot_serve(
         labels.append(label)
     gpus = "1 GPU" if request.tp == 1 else f"all {request.tp} GPUs"
     per = "time per output token" if request.gen > 1 else "prefill"
-    left.set(
+    ax.set(
         xscale="log",
         xlabel=f"output tokens/s ({gpus})",
         ylabel=f"{per} (ms)",
         title="latency against throughput, by batch",
     )
-    left.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-    left.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
-    left.xaxis.set_minor_formatter(NullFormatter())
-    left.margins(x=0.12, y=0.08)
-    left.grid(alpha=0.3)
+    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.margins(x=0.12, y=0.08)
+    ax.grid(alpha=0.3)
+    return labels
+
+
+def _draw_passes(ax: Axes, request: ServeRequest, curve: PassTimes) -> None:
+    """The right panel: each decode pass's time against its context, the prefill's in the
+    title; at ``--gen 1`` (no decode pass) a note saying so."""
     ms = [t * 1e3 for t in curve.seconds]
     if len(ms) > 1:
-        right.plot(curve.contexts[1:], ms[1:], color="tab:orange", lw=1.5, marker=".", ms=3)
+        ax.plot(curve.contexts[1:], ms[1:], color="tab:orange", lw=1.5, marker=".", ms=3)
         # room above the longest pass: the autoscaled top sat on it and cut its markers
-        right.set_ylim(0, max(ms[1:]) * 1.08 or None)
-        right.set(
+        ax.set_ylim(0, max(ms[1:]) * 1.08 or None)
+        ax.set(
             xlabel="context (tokens each sequence attends over)",
             ylabel="decode pass (ms)",
             title=f"batch {request.batch}: decode passes; prefill {ms[0]:,.1f} ms",
         )
-        right.grid(alpha=0.3)
+        ax.grid(alpha=0.3)
     else:  # --gen 1: the prefill makes the one token; an empty 0-1 frame said nothing
-        right.set_axis_off()
-        right.set_title(f"batch {request.batch}: prefill {ms[0]:,.1f} ms")
-        right.text(
+        ax.set_axis_off()
+        ax.set_title(f"batch {request.batch}: prefill {ms[0]:,.1f} ms")
+        ax.text(
             0.5,
             0.5,
             f"no decode pass: the prefill ({ms[0]:,.1f} ms)\ngenerates the only token",
             ha="center",
             va="center",
-            transform=right.transAxes,
+            transform=ax.transAxes,
         )
-    fig.suptitle(title)
-    place_labels(fig, labels)  # the fastest batch's label ran past the right edge
-    return save_figure(fig, out)

@@ -64,53 +64,68 @@ def _task_args(node: Node) -> dict[str, Any]:
 
 def chrome_trace(timeline: Timeline) -> dict[str, Any]:
     """The trace as a JSON-ready dict."""
-    events: list[dict[str, Any]] = []
-    threads: set[tuple[int, int]] = set()
-    stages = set()
+    events = [*_task_events(timeline), *_send_events(timeline)]
+    stages = {a["stage"] for a in timeline.graph.nodes.values()}
+    threads = {(e["pid"], e["tid"]) for e in events}
+    return {"traceEvents": events + _name_events(stages, threads), "displayTimeUnit": "ms"}
+
+
+def _task_events(timeline: Timeline) -> list[dict[str, Any]]:
+    """One complete event per task that takes time, on its stage's stream thread."""
     step = timeline.step
-    chunks = step.costs.v
+    events: list[dict[str, Any]] = []
     for node, a in timeline.graph.nodes.items():
-        stages.add(a["stage"])
-        duration = timeline.step.duration_s(node)
+        duration = step.duration_s(node)
         if duration <= 0:
             continue
         parts = step.parts(node) if a["kind"] == "compute" else {}
         args = _task_args(node) | {
             k: parts[k] for k in ("tp_s", "cp_s", "ep_s", "dp_s") if k in parts and parts[k] > 0
         }
-        tid = STREAM_TIDS.get(a["stream"], 9)
-        threads.add((a["stage"], tid))
         events.append(
             {
-                "name": event_name(node, chunks=chunks, cut=_cut(timeline.graph, node)),
+                "name": event_name(node, chunks=step.costs.v, cut=_cut(timeline.graph, node)),
                 "cat": a.get("comm", a["kind"]),
                 "ph": "X",
                 "pid": a["stage"],
-                "tid": tid,
+                "tid": STREAM_TIDS.get(a["stream"], 9),
                 "ts": timeline.start_s[node] * 1e6,
                 "dur": duration * 1e6,
                 "args": args,
             }
         )
+    return events
+
+
+def _send_events(timeline: Timeline) -> list[dict[str, Any]]:
+    """One complete event per pipeline send (a data edge with a delay), on the sender's
+    thread of its stream, from the sending task's end."""
+    step = timeline.step
+    events: list[dict[str, Any]] = []
     for (src, dst), e in timeline.graph.edges.items():
         delay = step.delay_s(src, dst) if "comm" in e and e["dep"] == "data" else 0.0
-        if delay > 0:
-            stage, tid = timeline.graph.nodes[src]["stage"], STREAM_TIDS[e["comm"]]
-            sent = event_name(src, chunks=chunks, cut=_cut(timeline.graph, src))
-            threads.add((stage, tid))
-            events.append(
-                {
-                    "name": f"pp send {sent}",
-                    "cat": e["comm"],
-                    "ph": "X",
-                    "pid": stage,
-                    "tid": tid,
-                    "ts": timeline.end_s[src] * 1e6,
-                    "dur": delay * 1e6,
-                    "args": {"task": f"send {task_label(src)}", "to_stage": _stage(timeline, dst)},
-                }
-            )
+        if delay <= 0:
+            continue
+        sent = event_name(src, chunks=step.costs.v, cut=_cut(timeline.graph, src))
+        events.append(
+            {
+                "name": f"pp send {sent}",
+                "cat": e["comm"],
+                "ph": "X",
+                "pid": _stage(timeline, src),
+                "tid": STREAM_TIDS[e["comm"]],
+                "ts": timeline.end_s[src] * 1e6,
+                "dur": delay * 1e6,
+                "args": {"task": f"send {task_label(src)}", "to_stage": _stage(timeline, dst)},
+            }
+        )
+    return events
+
+
+def _name_events(stages: set[int], threads: set[tuple[int, int]]) -> list[dict[str, Any]]:
+    """Metadata events naming each stage's process and each of its threads that has work."""
     names = {tid: stream for stream, tid in STREAM_TIDS.items()}
+    events: list[dict[str, Any]] = []
     for s in sorted(stages):
         events.append(
             {"name": "process_name", "ph": "M", "pid": s, "args": {"name": f"pp stage {s}"}}
@@ -118,7 +133,7 @@ def chrome_trace(timeline: Timeline) -> dict[str, Any]:
         for tid in sorted(t for st, t in threads if st == s):
             meta = {"name": "thread_name", "ph": "M", "pid": s, "tid": tid}
             events.append({**meta, "args": {"name": names.get(tid, "other")}})
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+    return events
 
 
 def _stage(timeline: Timeline, node: Node) -> int:

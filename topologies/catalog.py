@@ -128,21 +128,27 @@ def load_cluster(
             f"--gpus {gpus} is more than {spec.id} clusters hold "
             f"({spec.max_nodes} nodes x {spec.gpus_per_node} GPUs); ask for fewer GPUs"
         )
+    return Cluster(
+        ClusterSpec(
+            server=spec,
+            network=_network(spec, network, gpus=gpus, nodes=nodes),
+            num_nodes=nodes,
+            oversubscription=oversubscription,
+            degradations=degradations,
+        )
+    )
+
+
+def _network(spec: ServerSpec, network: str | None, *, gpus: int, nodes: int) -> NetworkSpec | None:
+    """The network joining ``nodes`` servers: ``network``, else the server's own compute NICs
+    (none for one node of a server without them); a `TopologyError` when several need one."""
     net_id = network or spec.default_network
     net = load_network(net_id) if net_id else None
     if nodes > 1 and (net is None or spec.nics_per_node == 0):
         raise TopologyError(
             f"{spec.id} has no compute NICs; {gpus} GPUs need {nodes} nodes: pass --network"
         )
-    return Cluster(
-        ClusterSpec(
-            server=spec,
-            network=net,
-            num_nodes=nodes,
-            oversubscription=oversubscription,
-            degradations=degradations,
-        )
-    )
+    return net
 
 
 def _check_degradation(d: Degradation, nodes: int, gpus_per_node: int) -> None:
