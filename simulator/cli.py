@@ -19,7 +19,8 @@ from pydantic import ValidationError
 
 from forecast.gpus import GPUError, list_gpus, load_gpu
 from simulator.errors import ConfigError, InfeasibleConfig, path_arg
-from simulator.kernel_commands import KERNEL_ERRORS, add_kernel_commands
+from simulator.kernel_commands import add_kernel_commands
+from simulator.kernel_predict_commands import KERNEL_ERRORS
 from simulator.models import list_models
 from simulator.predict_commands import add_predict_commands
 from simulator.serve_commands import add_serve_command
@@ -55,6 +56,18 @@ def _add_kernels(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def _add_topologies(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """collective, list, collective-plot and collective-check, in that order in --help."""
+    _add_collective(sub)
+    p = sub.add_parser(
+        "list", help="print a catalog (gpus, servers, networks, models, scenarios) or the keys"
+    )
+    p.add_argument("kind", help="gpus | servers | networks | models | scenarios | keys")
+    p.set_defaults(handler=_list)
+    _add_collective_data(sub)
+
+
+def _add_collective(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``tilesim collective``: one collective's time on a cluster, its links degraded or not."""
     p = sub.add_parser("collective", help="predict one collective on a cluster")
     p.add_argument("--op", required=True, help="all-reduce, all-gather, reduce-scatter, ...")
     p.add_argument(
@@ -91,11 +104,10 @@ def _add_topologies(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "algorithm",
     )
     p.set_defaults(handler=_collective)
-    p = sub.add_parser(
-        "list", help="print a catalog (gpus, servers, networks, models, scenarios) or the keys"
-    )
-    p.add_argument("kind", help="gpus | servers | networks | models | scenarios | keys")
-    p.set_defaults(handler=_list)
+
+
+def _add_collective_data(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The commands that read measured busbw (nccl-tests) beside the predictions."""
     p = sub.add_parser("collective-plot", help="predicted vs measured all-reduce busbw figure")
     p.add_argument("--data", type=path_arg, required=True, help="shared/data/hardware folder")
     p.add_argument(

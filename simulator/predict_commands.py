@@ -1,7 +1,8 @@
-"""``tilesim predict`` (one whole-model run, a JSONL of runs, or a traced ``--module``) and
-``tilesim validate e2e``.
+"""``tilesim predict``: one whole-model run, a JSONL of runs, or a traced ``--module``.
 
-Handlers parse, load, call `e2e.predict_run` or `e2e_validate`, and print.
+Handlers parse, load, call `e2e.predict_run` (or `module_predict.predict_module`), and print.
+The ``--runs`` file is read by `simulator.runs_file`; ``tilesim validate``, which this module
+registers after ``predict``, is `simulator.validate_commands`'s.
 """
 
 from __future__ import annotations
@@ -16,17 +17,23 @@ from pydantic import ValidationError
 
 from forecast.gpus import GPUError, load_gpu
 from forecast.predict import LatencyModel
-from forecast.report import check_readme, update_readme_tables
 from simulator.e2e import E2EResult, predict_run
-from simulator.e2e_tables import E2E_MARKERS, e2e_runs, e2e_tables
 from simulator.errors import ConfigError, path_arg
 from simulator.latency import DeratedRoofline, latency_model_for
 from simulator.models import DEFAULT_DATA_DIR, list_models, load_model
 from simulator.opgraph import Workload
+from simulator.runs_file import model_of, parse_run_line, read_run_lines
+from simulator.validate_commands import add_validate_commands
 
 
 def add_predict_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``predict`` and ``validate e2e``."""
+    """Register ``predict``, then ``validate e2e|distributed``."""
+    _add_predict(sub)
+    add_validate_commands(sub)
+
+
+def _add_predict(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``predict``."""
     p = sub.add_parser("predict", help="whole-model inference or training-step time on one GPU")
     p.add_argument("--model", help="catalog id, NeuSight model name, .toml or HF config .json")
     p.add_argument("--gpu", help="catalog id, device name, .toml or NeuSight device .json")
@@ -52,27 +59,6 @@ def add_predict_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("--data", type=path_arg, default=None, help=DATA_HELP)
     p.add_argument("--json", action="store_true", help="print JSON (one object per run)")
     p.set_defaults(handler=_predict)
-    v = sub.add_parser("validate", help="validation against measurements")
-    vs = v.add_subparsers(dest="validate_cmd", required=True, metavar="COMMAND")
-    e = vs.add_parser(
-        "e2e",
-        help="whole-model error per GPU, per op family against the per-op traces, and the "
-        "kernels measured twice (NeuSight labels)",
-    )
-    e.add_argument("--data", type=path_arg, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
-    e.add_argument("--markdown", action="store_true", help="print the README tables only")
-    e.add_argument(
-        "--readme",
-        type=path_arg,
-        default=None,
-        help="rewrite the README's three e2e tables (per GPU, per op family, kernels measured "
-        "twice), all or none",
-    )
-    e.add_argument("--plot", type=path_arg, default=None, help="draw predicted vs measured (PNG)")
-    e.set_defaults(handler=_validate_e2e)
-    from simulator.simulate_commands import add_validate_distributed
-
-    add_validate_distributed(vs)
 
 
 RUN_KEYS = ("model", "gpu", "batch", "seq", "mode", "framework", "dtype")
@@ -204,14 +190,6 @@ def _run_one(
         raise
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object's pairs as a dict; a key given twice is an error, not the last one."""
-    seen = [k for i, (k, _) in enumerate(pairs) if k in (q for q, _ in pairs[:i])]
-    if seen:
-        raise ConfigError(f"key {seen[0]!r} given twice; give each key once")
-    return dict(pairs)
-
-
 def result_text(res: E2EResult, mode: str, hbm_gib: float) -> str:
     """What ``tilesim predict`` prints for one run: an inference pass is its forward alone (no
     backward, no optimizer to print as 0.00); a training step's e2e is forward + backward, its
@@ -253,15 +231,8 @@ def _predict_runs(args: argparse.Namespace) -> int:
             f"--runs takes each run's keys from its line; leave out {', '.join(flags)} "
             "(or put them in every line)"
         )
-    try:  # bytes: a line that is not UTF-8 is that line's error, not the whole file's
-        raw = args.runs.read_bytes().splitlines()
-    except OSError as e:
-        raise ConfigError(f"--runs {args.runs}: cannot read it ({e.strerror or e})") from None
-    if not any(line.strip() for line in raw):
-        raise ConfigError(f"--runs {args.runs}: no runs in it; give one JSON object per line")
-    if not any(_utf8(line) for line in raw if line.strip()):  # not a text file at all
-        raise ConfigError(f"--runs {args.runs}: cannot read it as UTF-8 JSONL (no line is UTF-8)")
-    if not any(reads_data(_model_of(line)) for line in raw):
+    raw = read_run_lines(args.runs)
+    if not any(reads_data(model_of(line)) for line in raw):
         check_data_read(args.data, None, "no line of --runs names one")
     latency = latency_model(args.latency_model)  # a bad --latency-model: once, exit 2
     failed: list[int] = []
@@ -281,30 +252,11 @@ def _predict_runs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model_of(line: bytes) -> object:
-    """A ``--runs`` line's ``model`` value, or None where the line has none to read."""
-    try:
-        spec = json.loads(line.decode("utf-8"))
-    except ValueError:  # not JSON, or not UTF-8: that line's own error, later
-        return None
-    return spec.get("model") if isinstance(spec, dict) else None
-
-
-def _utf8(line: bytes) -> bool:
-    try:
-        line.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
 def _run_line(line: bytes, args: argparse.Namespace, latency: LatencyModel) -> dict[str, Any]:
     """One ``--runs`` line's result, or ``{"error": ...}`` naming what is wrong with it (a bad
     line never stops the others)."""
     try:
-        spec = json.loads(line.decode("utf-8"), object_pairs_hook=_unique_keys)
-        if not isinstance(spec, dict):
-            raise ConfigError("a run is a JSON object")
+        spec = parse_run_line(line)
         return _run_one(spec, args, latency).model_dump()
     except UnicodeDecodeError:
         return {"error": "not UTF-8 text; write each run as UTF-8 JSON"}
@@ -314,28 +266,3 @@ def _run_line(line: bytes, args: argparse.Namespace, latency: LatencyModel) -> d
         return {"error": str(e).splitlines()[0]}
     except Exception as e:  # name what broke
         return {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
-
-
-def _validate_e2e(args: argparse.Namespace) -> int:
-    if not (args.data / "labels").is_dir():
-        raise ConfigError(f"--data {args.data}: no labels folder; give the NeuSight data folder")
-    if args.plot is not None:
-        from simulator.figures import figure_path
-
-        figure_path(args.plot, "--plot")
-    if args.readme is not None:  # before the minutes of work, and all three tables or none
-        check_readme(args.readme, E2E_MARKERS)
-    runs, skipped = e2e_runs(args.data)
-    tables = e2e_tables(args.data, runs)
-    if args.readme is not None:
-        update_readme_tables(args.readme, [(t.markdown, t.begin, t.end) for t in tables])
-    for i, t in enumerate(tables):  # Markdown needs a blank line between two tables
-        print(("\n" if i else "") + t.markdown if args.markdown else f"{t.title}\n{t.markdown}\n")
-    if not args.markdown:
-        for folder, why in skipped.items():
-            print(f"skipped {folder}: {why}")
-    if args.plot is not None:
-        from simulator.e2e_plots import plot_e2e  # matplotlib only when a figure is drawn
-
-        print(f"wrote {plot_e2e(runs['tile-mlp'], args.plot)}")
-    return 0

@@ -1,4 +1,5 @@
-"""``tilesim sweep`` (tiered layout search of a scenario) and ``tilesim plot`` (redraw figures).
+"""``tilesim sweep``: the tiered layout search of a scenario (it also registers ``tilesim plot``,
+which redraws the figures, from `simulator.plot_commands`).
 
 The sweep: enumerate the ``[sweep]`` space, screen every layout in closed form, simulate the
 best candidates with the execution graph, then write rows, the resolved scenario, the report
@@ -8,16 +9,14 @@ the same folder resumes only rows of the same code, scenario and input files (th
 GPU, server, network and model file the scenario names); rows of other ``--candidates`` or
 ``--per-context`` settings stay in the log but only this run's candidates are reported, so the
 same command gives the same rows whatever the folder held. Exit codes: 0 ok, 1 no feasible
-layout or failed layouts, 2 bad input, 130 interrupted.
+layout or failed layouts, 2 bad input, 130 interrupted. The output folder (default path, the
+fingerprint a rerun must match, the checks before any work) is `simulator.sweep_folder`'s.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,24 +24,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from forecast.files import write_text_atomic
-from simulator.errors import (
-    ConfigError,
-    InfeasibleConfig,
-    add_set_option,
-    at_least,
-    cannot_write_in,
-)
+from simulator.errors import ConfigError, InfeasibleConfig, add_set_option, at_least
+from simulator.plot_commands import add_plot_command
 from simulator.report import RANKINGS, markdown_report, top_table
-from simulator.rows import (
-    PROGRESS,
-    PROGRESS_META,
-    ProgressLog,
-    Row,
-    code_fingerprint,
-    final_rows,
-    write_rows,
-)
-from simulator.saved_rows import load_rows
+from simulator.rows import ProgressLog, Row, final_rows, write_rows
 from simulator.scenario import Scenario, check_tokens, load_scenario
 from simulator.space import Point, Space, enumerate_space, find_scenario, point_keys
 from simulator.sweep import Executor, RayOptions, check_address, ray_session, run_sweep
@@ -55,6 +40,7 @@ from simulator.sweep_eval import (
     build_shared,
     candidate_points,
 )
+from simulator.sweep_folder import check_out, default_out_dir, fingerprint, write_resolved
 
 
 def add_sweep_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -62,6 +48,16 @@ def add_sweep_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p = sub.add_parser("sweep", help="search the parallel layouts of a scenario (Ray or serial)")
     p.add_argument("scenario", help="shipped id (scenarios/*.toml stem, _ as -) or TOML path")
     p.add_argument("--out", help="output dir (default results/<study>/<hash>/)")
+    _add_executor_options(p)
+    _add_ranking_options(p)
+    add_set_option(p, "training.global_batch_size=2048 or sweep.tp=[4,8]")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(handler=_sweep)
+    add_plot_command(sub)
+
+
+def _add_executor_options(p: argparse.ArgumentParser) -> None:
+    """``--address``, ``--workers``, ``--serial``: where the layouts run."""
     p.add_argument(
         "--address", help="join a Ray cluster: HOST:PORT, auto or ray://HOST:PORT (default: local)"
     )
@@ -72,6 +68,10 @@ def add_sweep_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         help="local Ray CPUs (default: this machine's, %(default)s)",
     )
     p.add_argument("--serial", action="store_true", help="no Ray; identical rows")
+
+
+def _add_ranking_options(p: argparse.ArgumentParser) -> None:
+    """``--top``, ``--rank``, ``--candidates``, ``--per-context``: what is simulated and shown."""
     p.add_argument(
         "--top", type=int, default=10, help="rows in the printed ranking (default: %(default)s)"
     )
@@ -91,87 +91,6 @@ def add_sweep_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         default=PER_CONTEXT,
         help="also simulate the N fastest of each cluster size and option (default: %(default)s)",
     )
-    add_set_option(p, "training.global_batch_size=2048 or sweep.tp=[4,8]")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(handler=_sweep)
-    p = sub.add_parser("plot", help="redraw a sweep's figures from its rows alone")
-    p.add_argument("dir", help="sweep output directory (holding rows.jsonl)")
-    p.add_argument(
-        "--rank",
-        default=None,
-        choices=sorted(RANKINGS),
-        help="ranking (default: the sweep's own, from scenario.resolved.json; else tokens)",
-    )
-    p.set_defaults(handler=_plot)
-
-
-def _digest(scenario: Scenario) -> str:
-    """A short hash of everything the scenario (with its --set overrides) asks for."""
-    dump = scenario.model_dump(mode="json", exclude={"base_dir"})
-    return hashlib.sha256(json.dumps(dump, sort_keys=True).encode()).hexdigest()[:10]
-
-
-def _slug(name: str) -> str:
-    """``name`` as one safe folder name: no separators, no leading dots (``../../x`` is ``x``)."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip(".-") or "study"
-
-
-def _out_dir(scenario: Scenario) -> Path:
-    return Path("results") / _slug(scenario.study.name) / _digest(scenario)
-
-
-def _input_files(scenario: Scenario) -> list[Path]:
-    """The files (not catalog ids) the scenario's GPU, server, network and model keys name."""
-    names: list[object] = [scenario.cluster.gpu, scenario.cluster.server, scenario.cluster.network]
-    for opt in scenario.sweep.get("options") or []:
-        if isinstance(opt, dict):
-            names += [opt.get(k) for k in ("gpu", "server", "network")]
-    m = scenario.model
-    names.append(m.id)
-    if m.hf_config is not None:
-        hf = Path(m.hf_config)
-        names.append(hf if hf.is_absolute() else Path(scenario.base_dir) / hf)
-    paths = {Path(n) for n in names if isinstance(n, str | Path) and str(n)}
-    return sorted(p for p in paths if p.suffix in (".toml", ".json") and p.is_file())
-
-
-def _inputs_digest(scenario: Scenario, space: Space) -> str:
-    """A short hash of what the scenario reads besides itself: the bytes of its input files
-    (a GPU TOML edited between two runs must not resume the old rows) and the resolved GPU,
-    model and cluster of every context (which also covers files those name in turn)."""
-    h = hashlib.sha256()
-    for path in _input_files(scenario):
-        h.update(str(path.resolve()).encode() + b"\0" + path.read_bytes())
-    for c in space.contexts:
-        for spec in (c.inputs.gpu, c.inputs.model, c.inputs.cluster.spec):
-            h.update(json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode())
-    return h.hexdigest()[:10]
-
-
-def _write_resolved(scenario: Scenario, space: Space, out: Path, rank: str) -> None:
-    contexts = [
-        {
-            "id": c.id,
-            "gpu": c.inputs.gpu.name,
-            "server": c.server,
-            "network": c.network,
-            "num_gpus": c.inputs.num_gpus,
-            "price_per_gpu_hour": c.price_per_gpu_hour,
-            "power_w_per_gpu": c.power_w_per_gpu,
-        }
-        for c in space.contexts
-    ]
-    resolved = {
-        "scenario": scenario.model_dump(mode="json"),
-        "model": space.contexts[0].inputs.model.model_dump(mode="json"),
-        "contexts": contexts,
-        "layouts": len(space.points),
-        "pruned": space.pruned,
-        "pruned_by": {rule: n for rule, n, _ in space.pruned_by},
-        "rank": rank,  # `tilesim plot DIR` redraws with the sweep's own ranking
-    }
-    text = json.dumps(resolved, indent=1, allow_nan=False) + "\n"
-    write_text_atomic(out / "scenario.resolved.json", text)
 
 
 def _tier(
@@ -248,13 +167,13 @@ def _sweep(args: argparse.Namespace) -> int:
             first.setdefault((p.micro_batch_size, p.cp), p)
         for point in first.values():  # in the points' order: the same first failure
             check_tokens(scenario.model.seq_len, point.run(scenario.run))
-        target = Path(args.out) if args.out is not None else _out_dir(scenario)
-        _check_out(target)
+        target = Path(args.out) if args.out is not None else default_out_dir(scenario)
+        check_out(target)
         shared = build_shared(space, scenario.run)
         # rows are resumed only for the same code, scenario and input files
-        fingerprint = f"{code_fingerprint()}-{_digest(scenario)}-{_inputs_digest(scenario, space)}"
+        resume_key = fingerprint(scenario, space)
         out = target
-        log, chosen = _run(args, space, shared, out, fingerprint, scenario)
+        log, chosen = _run(args, space, shared, out, resume_key, scenario)
         return _finish(args, scenario, space, log, chosen, out)
     except KeyboardInterrupt:
         if out is None:
@@ -270,7 +189,7 @@ def _run(
     space: Space,
     shared: Shared,
     out: Path,
-    fingerprint: str,
+    resume_key: str,
     scenario: Scenario,
 ) -> tuple[ProgressLog, list[Point]]:
     """Screen every layout and simulate the candidates, logging rows as they arrive."""
@@ -278,8 +197,8 @@ def _run(
     # Ray first: a cluster that cannot be joined leaves nothing written.
     with ray_session(executor, RayOptions(workers=args.workers, address=args.address)):
         try:
-            log = ProgressLog(out, fingerprint)
-        except OSError as e:  # what `_check_out` cannot foresee (root, /proc, a full disk)
+            log = ProgressLog(out, resume_key)
+        except OSError as e:  # what `check_out` cannot foresee (root, /proc, a full disk)
             raise ConfigError(f"--out {out}: {e.strerror}; give another path") from None
         if log.stale:
             stale = (
@@ -287,7 +206,7 @@ def _run(
                 "tilesim code (or an unreadable progress.meta.json); starting afresh"
             )
             print(stale, file=sys.stderr)
-        _write_resolved(scenario, space, out, args.rank)
+        write_resolved(scenario, space, out, args.rank)
         screened = _tier(args, log, "screen", space.points, shared)
         top, per_context = args.candidates, args.per_context
         chosen = candidate_points(
@@ -296,38 +215,6 @@ def _run(
         _tier(args, log, "simulate", chosen, shared)
     log.settle()  # one order whatever order the rows arrived in
     return log, chosen
-
-
-FIGURES = ("top_layouts", "pareto", "scaling", "procurement")  # `plots.PLOTS` (a test checks)
-OUTPUTS = (
-    *(PROGRESS, PROGRESS_META, "scenario.resolved.json", "report.md"),
-    *("rows.jsonl", "rows.parquet", "rows.csv", *(f"{f}.png" for f in FIGURES)),
-)
-
-
-def _check_files(out: Path, names: Sequence[str], where: str) -> None:
-    """Refuse a folder (or anything but a file) where the command will write one of ``names``
-    (it failed only after the whole sweep had run)."""
-    for name in names:
-        path = out / name
-        if (path.exists() or path.is_symlink()) and not path.is_file():
-            raise ConfigError(f"{where}: {path} is not a file (a folder?); remove it")
-
-
-def _check_out(out: Path) -> None:
-    """Refuse up front an output folder that cannot be made (a file is there, or the nearest
-    existing parent is not a writable folder), instead of a traceback mid-sweep."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: a file is there; give a folder path")
-    parent = out
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {out}: {parent} is not a writable folder; give another path")
-    why = cannot_write_in(parent)
-    if why:
-        raise ConfigError(f"--out {out}: cannot write in {parent} ({why}); give another path")
-    _check_files(out, OUTPUTS, f"--out {out}")
 
 
 def _check_ranking(by: str, space: Space) -> None:
@@ -368,31 +255,4 @@ def _finish(
         return 1
     if not any(r["status"] == "ok" for r in rows):
         raise InfeasibleConfig("no layout fits in memory")
-    return 0
-
-
-def _sweep_rank(out: Path) -> str:
-    """The ``--rank`` the sweep in ``out`` ran with (its scenario.resolved.json), else tokens:
-    a ``--rank cost`` sweep's figures were redrawn ranked by tokens/s."""
-    try:
-        rank = json.loads((out / "scenario.resolved.json").read_text(encoding="utf-8"))["rank"]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
-        return "tokens"
-    return rank if rank in RANKINGS else "tokens"
-
-
-def _plot(args: argparse.Namespace) -> int:
-    if not args.dir.strip():
-        raise ConfigError("plot '': an empty path; give a sweep folder (holding rows.jsonl)")
-    path = Path(args.dir)
-    rows = load_rows(path)
-    out = path if path.is_dir() else path.parent
-    _check_files(out, [f"{f}.png" for f in FIGURES], f"plot {args.dir}")
-    from simulator.plots import plot_all
-
-    figures = plot_all(rows, out, by=args.rank or _sweep_rank(out))
-    if not figures:  # it printed nothing and exited 0
-        raise InfeasibleConfig(f"plot {args.dir}: no simulated layout fits; no figure to draw")
-    for path in figures:
-        print(path)
     return 0

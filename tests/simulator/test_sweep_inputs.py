@@ -21,8 +21,9 @@ from simulator.saved_rows import load_rows
 from simulator.scenario import load_scenario
 from simulator.space import enumerate_space, find_scenario
 from simulator.sweep import check_address, run_sweep
-from simulator.sweep_commands import FIGURES, _inputs_digest
 from simulator.sweep_eval import build_shared
+from simulator.sweep_folder import FIGURES
+from simulator.sweep_folder import inputs_digest as _inputs_digest
 
 TINY = find_scenario("tiny-gpt-8gpu")
 ARGV = ["sweep", str(TINY), "--serial", "--no-progress"]
