@@ -62,6 +62,12 @@ ROW_FEATURES = (
     "log2_gpu_watts_per_lane_ghz",
     "gpu_is_hbm",
 )
+# Rejected for softmax and layer norm (leave-one-GPU-out, five-member ensembles): the bytes of
+# the rows all resident blocks walk at once against L2 (their second and third reads of a row
+# hit L2 only while those rows fit): softmax 13.9 -> 13.7%, layer norm 11.3 -> 12.1%. The L4
+# runs both at its element-wise share of peak bandwidth (0.78) at every width, where every
+# training GPU loses 15-45% against its own element-wise share; its DRAM bytes per SM clock
+# (2.5) lie below every training GPU's (4.7-10.2), so a GPU-level column is clamped there.
 _FAMILY_FEATURES = {OpFamily.BMM: BMM_FEATURES, OpFamily.LINEAR: GEMM_FEATURES}
 
 
