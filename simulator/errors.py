@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 from pathlib import Path
 
@@ -43,6 +44,20 @@ def cannot_write_in(folder: Path) -> str | None:
     except OSError as e:
         return e.strerror or type(e).__name__
     return None
+
+
+def check_writable_above(path: Path, label: str) -> Path:
+    """The nearest existing folder at or above ``path`` (the one a write there would create
+    its folders in); a `ConfigError` starting with ``label`` unless a file can be made in it."""
+    parent = path
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{label}: {parent} is not a writable folder; give another path")
+    why = cannot_write_in(parent)
+    if why:
+        raise ConfigError(f"{label}: cannot write in {parent} ({why}); give another path")
+    return parent
 
 
 def add_set_option(p: argparse.ArgumentParser, example: str) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import matplotlib
 
 from forecast.files import write_atomic
-from simulator.errors import ConfigError, cannot_write_in
+from simulator.errors import ConfigError, check_writable_above
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -116,12 +116,5 @@ def figure_path(path: Path, flag: str) -> Path:
             + "give a file name ending in one of "
             + ", ".join(f".{f}" for f in sorted(formats))
         )
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {path}: {parent} is not a writable folder; give another path")
-    why = cannot_write_in(parent)
-    if why:
-        raise ConfigError(f"{flag} {path}: cannot write in {parent} ({why}); give another path")
+    check_writable_above(path.parent, f"{flag} {path}")
     return path

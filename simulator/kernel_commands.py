@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from forecast.dataset import default_data_dir
@@ -18,7 +17,7 @@ from forecast.files import write_text_atomic
 from forecast.predict import WEIGHTS_DIR
 from forecast.report import TABLE_CAPTION, ReportError, update_readme, validation_markdown
 from simulator.collect_commands import add_collect_commands
-from simulator.errors import ConfigError, cannot_write_in, path_arg
+from simulator.errors import ConfigError, check_writable_above, path_arg
 from simulator.kernel_predict_commands import (
     add_eval_command,
     add_predict_command,
@@ -102,14 +101,7 @@ def _check_out(path: Path, *, folder: bool) -> None:
         raise ConfigError(f"--out {path}: a file is there; give a folder for the weights")
     if not folder and (path.is_dir() or not path.name):
         raise ConfigError(f"--out {path} is a folder; give a file name such as validation.json")
-    parent = path if folder else path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {path}: {parent} is not a writable folder; give another path")
-    why = cannot_write_in(parent)
-    if why:
-        raise ConfigError(f"--out {path}: cannot write in {parent} ({why}); give another path")
+    check_writable_above(path if folder else path.parent, f"--out {path}")
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from forecast.files import write_text_atomic
-from simulator.errors import ConfigError, cannot_write_in
+from simulator.errors import ConfigError, check_writable_above
 from simulator.report import RANKINGS
 from simulator.rows import PROGRESS, PROGRESS_META, code_fingerprint
 from simulator.scenario import Scenario
@@ -127,12 +126,5 @@ def check_out(out: Path) -> None:
     existing parent is not a writable folder), instead of a traceback mid-sweep."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: a file is there; give a folder path")
-    parent = out
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {out}: {parent} is not a writable folder; give another path")
-    why = cannot_write_in(parent)
-    if why:
-        raise ConfigError(f"--out {out}: cannot write in {parent} ({why}); give another path")
+    check_writable_above(out, f"--out {out}")
     check_files(out, OUTPUTS, f"--out {out}")
