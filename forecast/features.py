@@ -104,6 +104,10 @@ def gemm_rate_flops_per_s(gpu: GPUSpec, dtype: Dtype) -> float:
 
 # Switching energy per operation shrinks roughly with the process node; bmm's power feature
 # counts watts per lane-GHz in 12 nm-equivalents (the training GPUs span 16, 12 and 7 nm).
+# Power of the node ratio, by leave-one-GPU-out (five members): 0.5 15.7%, 0.75 15.3%, 1 15.4%
+# (15.3 and 15.3 again with other seeds), 1.5 17.9%. 1 is kept: 0.75 ties it on the training
+# GPUs, and TSMC's iso-speed power steps (16 -> 10 -> 7 -> 5 nm: 0.6 x 0.6 x 0.7) put the
+# exponent near 1.2, not below 1.
 _REF_NODE_NM = 12.0
 
 
