@@ -21,8 +21,9 @@ from simulator.e2e import E2EResult, predict_run
 from simulator.errors import ConfigError, path_arg
 from simulator.latency import DeratedRoofline, latency_model_for
 from simulator.models import DEFAULT_DATA_DIR, list_models, load_model
-from simulator.opgraph import Workload
+from simulator.opgraph import MAX_TOKENS, Workload
 from simulator.runs_file import model_of, parse_run_line, read_run_lines
+from simulator.serve import MAX_SEQ
 from simulator.validate_commands import add_validate_commands
 
 
@@ -100,6 +101,7 @@ FLAG_FIX = {
 
 def _workload(fields: dict[str, Any], *, flags: bool = False) -> Workload:
     """The run's `Workload`; a bad value names its flag (``flags``) or its JSON key."""
+    _check_sizes(fields, flags=flags)
     try:
         return Workload.model_validate(fields)
     except ValidationError as e:
@@ -111,6 +113,27 @@ def _workload(fields: dict[str, Any], *, flags: bool = False) -> Workload:
         if first["type"] == "greater_than":  # batch or seq 0 or below
             msg = f"must be a whole number > 0, got {first['input']!r}"
         raise ConfigError(f"--{key}: {msg}" if flags else f"field {key!r}: {msg}") from e
+
+
+def _check_sizes(fields: dict[str, Any], *, flags: bool) -> None:
+    """A sequence past `MAX_SEQ` tokens (the causal attention's cost, a list per row block,
+    outgrew memory) or a pass past `MAX_TOKENS`, named as the user gave them (`Workload`
+    said ``batch x (past + seq)``, and past is no flag of predict's)."""
+    batch, seq = fields.get("batch"), fields.get("seq")
+    if type(batch) is not int or type(seq) is not int or batch < 1 or seq < 1:
+        return  # missing or not a whole number > 0: `Workload` names it
+    if seq > MAX_SEQ:
+        key = "--seq" if flags else "field 'seq'"
+        raise ConfigError(
+            f"{key}: {seq:,} tokens a sequence; at most {MAX_SEQ:,} (2^27) are modelled, "
+            "give a shorter one"
+        )
+    if batch * seq > MAX_TOKENS:
+        sizes = f"--batch {batch} x --seq {seq}" if flags else f"'batch' {batch} x 'seq' {seq}"
+        raise ConfigError(
+            f"{sizes} = {batch * seq:.3g} tokens a pass; at most {MAX_TOKENS:.3g} (2^40) are "
+            f"modelled: use a smaller {'--batch' if flags else 'batch'}"
+        )
 
 
 WHOLE_MODEL_LATENCY = ("auto", "tile-mlp", "roofline")
@@ -182,7 +205,8 @@ def _run_one(
     run = _workload({k: spec[k] for k in RUN_KEYS[2:] if spec.get(k) is not None}, flags=flags)
     model = load_model(str(spec["model"]), data_dir=args.data)
     gpu = load_gpu(str(spec["gpu"]))
-    try:
+    try:  # the run's dtype first: megatron's fp8 runs attention in bf16, which it did not ask
+        gpu.peak_for(run.dtype)
         return predict_run(model, gpu, run, latency or latency_model(args.latency_model))
     except GPUError as e:  # "dtype fp8: ...": name the flag the user set
         if flags and str(e).startswith("dtype "):

@@ -31,7 +31,7 @@ def read_run_lines(path: Path) -> list[bytes]:
 def parse_run_line(line: bytes) -> dict[str, Any]:
     """One line as a JSON object: `UnicodeDecodeError` or `json.JSONDecodeError` where it is
     not UTF-8 JSON, a `ConfigError` where a key is given twice or it is not an object."""
-    spec = json.loads(line.decode("utf-8"), object_pairs_hook=_unique_keys)
+    spec = json.loads(_text(line), object_pairs_hook=_unique_keys)
     if not isinstance(spec, dict):
         raise ConfigError("a run is a JSON object")
     return spec
@@ -40,10 +40,16 @@ def parse_run_line(line: bytes) -> dict[str, Any]:
 def model_of(line: bytes) -> object:
     """A ``--runs`` line's ``model`` value, or None where the line has none to read."""
     try:
-        spec = json.loads(line.decode("utf-8"))
+        spec = json.loads(_text(line))
     except ValueError:  # not JSON, or not UTF-8: that line's own error, later
         return None
     return spec.get("model") if isinstance(spec, dict) else None
+
+
+def _text(line: bytes) -> str:
+    """The line as text, without the byte-order mark an editor (Notepad) puts before a
+    UTF-8 file's first line: JSON refuses it, and the first run failed for it."""
+    return line.decode("utf-8-sig")
 
 
 def _utf8(line: bytes) -> bool:

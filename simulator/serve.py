@@ -101,6 +101,7 @@ def kv_cache_bytes(model: ModelSpec, req: ServeRequest) -> float:
 
 
 MAX_DECODE_SAMPLES = 256  # decode passes forecast one by one; beyond, interpolated
+MAX_SEQ = 2**27  # tokens a sequence: past any context; past it causal attention outgrows RAM
 
 
 def decode_samples(gen: int) -> list[int]:
@@ -170,6 +171,34 @@ def max_batch(model: ModelSpec, gpu: GPUSpec, req: ServeRequest) -> int:
     return int((gpu.hbm_bytes - weights) // per_sequence)
 
 
+def _check(model: ModelSpec, req: ServeRequest, cluster: Cluster | None) -> None:
+    """A `ConfigError` naming the flag where ``req`` cannot be forecast: a sequence past
+    `MAX_SEQ` or the positions, a batch's context past `MAX_TOKENS`, a tp past the server."""
+    context = req.prompt + req.gen - 1  # the position the last decode pass feeds
+    if context > MAX_SEQ:
+        flag = "--prompt" if req.prompt >= req.gen else "--gen"
+        raise ConfigError(
+            f"--prompt {req.prompt} + --gen {req.gen} - 1 = {context:,} tokens a sequence; "
+            f"at most {MAX_SEQ:,} (2^27) are modelled: use a shorter {flag}"
+        )
+    try:
+        model.check_sequence(context)
+    except ConfigError as e:
+        raise ConfigError(f"--prompt + --gen - 1 tokens: {e}") from None
+    if req.batch * context > MAX_TOKENS:
+        raise ConfigError(
+            f"--batch {req.batch}: {req.batch} x {context} tokens of context = "
+            f"{req.batch * context:.3g}; at most {MAX_TOKENS:.3g} (2^40) are modelled, use a "
+            "smaller --batch"
+        )
+    if cluster is not None and req.tp > cluster.server.gpus_per_node:
+        raise ConfigError(
+            f"--tp {req.tp}: tensor parallelism stays inside one {cluster.server.id} "
+            f"({cluster.server.gpus_per_node} GPUs); use --tp {cluster.server.gpus_per_node} "
+            "or fewer"
+        )
+
+
 @dataclass(frozen=True)
 class PassTimes:
     """Forecast seconds of the prefill pass and the sampled decode passes (`decode_samples`),
@@ -188,11 +217,15 @@ class PassTimes:
         return [self.request.prompt] + [self.request.prompt + j for j in self.decode_passes]
 
     def all_decode(self, values: list[float]) -> float:
-        """Sum over every decode pass, interpolated between the sampled ones."""
+        """Sum over every decode pass, linearly interpolated between the sampled ones, in
+        closed form (no array of ``gen - 1`` passes): each segment ``a .. b`` of the sampled
+        passes adds its whole-number passes ``a .. b - 1``, ``(b - a) (v_a + v_b) / 2 -
+        (v_b - v_a) / 2``, and the last sampled pass adds its own value."""
         if not self.decode_passes:
             return 0.0
-        every = np.arange(1, self.request.gen, dtype=np.float64)
-        return float(np.interp(every, np.array(self.decode_passes, np.float64), values).sum())
+        x, v = np.array(self.decode_passes, np.float64), np.array(values, np.float64)
+        n, lo, hi = np.diff(x), v[:-1], v[1:]
+        return float((n * (lo + hi) / 2 - (hi - lo) / 2).sum() + v[-1])
 
 
 def forecast_passes(
@@ -206,22 +239,7 @@ def forecast_passes(
 ) -> PassTimes:
     """Forecast the prefill and the sampled decode passes of ``req`` in one batched kernel
     forecast; ``req.tp > 1`` needs the ``cluster`` of one server its GPUs sit in."""
-    try:  # the last decode pass feeds position prompt + gen - 1
-        model.check_sequence(req.prompt + req.gen - 1)
-    except ConfigError as e:
-        raise ConfigError(f"--prompt + --gen - 1 tokens: {e}") from None
-    keys = req.batch * (req.prompt + req.gen - 1)  # the last decode pass's, the most
-    if keys > MAX_TOKENS:
-        raise ConfigError(
-            f"--batch {req.batch}: {req.batch} x {req.prompt + req.gen - 1} tokens of context "
-            f"= {keys:.3g}; at most {MAX_TOKENS:.3g} (2^40) are modelled, use a smaller --batch"
-        )
-    if cluster is not None and req.tp > cluster.server.gpus_per_node:
-        raise ConfigError(
-            f"--tp {req.tp}: tensor parallelism stays inside one {cluster.server.id} "
-            f"({cluster.server.gpus_per_node} GPUs); use --tp {cluster.server.gpus_per_node} "
-            "or fewer"
-        )
+    _check(model, req, cluster)
     local = shard(model, req.tp)
     runs = [on_gpu(run, gpu) for run in passes(req)]
     graphs: list[OpGraph] = [build_ops(local, run) for run in runs]

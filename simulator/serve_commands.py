@@ -8,12 +8,14 @@ import sys
 
 from pydantic import ValidationError
 
-from forecast.gpus import GPUSpec, load_gpu
+from forecast.gpus import GPUError, GPUSpec, load_gpu
+from forecast.predict import LatencyModel
 from simulator.errors import ConfigError, path_arg
 from simulator.figures import figure_path
-from simulator.models import load_model
+from simulator.models import ModelSpec, load_model
 from simulator.predict_commands import DATA_HELP, PREDICT_LATENCY, check_data_read, latency_model
 from simulator.serve import (
+    PassTimes,
     ServeRequest,
     ServeResult,
     forecast_passes,
@@ -88,7 +90,7 @@ def _serve(args: argparse.Namespace) -> int:
     check_data_read(args.data, args.model)
     model = load_model(str(args.model), data_dir=args.data)
     gpu, cluster = _hardware(args, req)
-    curve = forecast_passes(model, gpu, req, latency, cluster=cluster)
+    curve = _forecast(model, gpu, req, latency, cluster)
     res = summarise(curve, gpu)
     if args.json:
         print(json.dumps(res.model_dump()))
@@ -106,6 +108,24 @@ def _serve(args: argparse.Namespace) -> int:
         path = plot_serve(req, title, curve, at, res.max_batch, args.plot)
         print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _forecast(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    req: ServeRequest,
+    latency: LatencyModel,
+    cluster: Cluster | None,
+) -> PassTimes:
+    """`forecast_passes`, its errors naming the flag the user set: ``dtype fp8: ...`` (the
+    GPU has no such rate) and ``model: ...`` (no KV cache for it) name ``--dtype``/``--model``."""
+    try:  # the request's dtype first: megatron's fp8 runs attention in bf16, not asked for
+        gpu.peak_for(req.dtype)
+        return forecast_passes(model, gpu, req, latency, cluster=cluster)
+    except (GPUError, ConfigError) as e:
+        if str(e).startswith(("dtype ", "model: ")):
+            raise type(e)(f"--{e}") from None
+        raise
 
 
 def serve_title(model_id: str, gpu_id: str, req: ServeRequest) -> str:
@@ -138,7 +158,8 @@ def _hardware(args: argparse.Namespace, req: ServeRequest) -> tuple[GPUSpec, Clu
 def serve_text(res: ServeResult, req: ServeRequest) -> str:
     """The lines ``tilesim serve`` prints: no decode line at ``--gen 1`` (the prefill makes the
     one token), no communication line at ``--tp 1`` (there is none)."""
-    digits = 0 if res.output_tokens_per_s >= 100 else 2  # 0.26 tokens/s is not "0"
+    rate = res.output_tokens_per_s  # 0.26 tokens/s is not "0", nor 0.0033 "0.00"
+    tokens_s = f"{rate:,.0f}" if rate >= 100 else f"{rate:.2f}" if rate >= 0.01 else f"{rate:.2g}"
     passes = req.gen - 1
     lines = [
         f"batch {req.batch}, prompt {req.prompt}, gen {req.gen} ({req.framework}, {req.dtype}, "
@@ -153,10 +174,7 @@ def serve_text(res: ServeResult, req: ServeRequest) -> str:
             f"  {label:30}{res.decode_ms:10.2f} ms ({res.first_decode_ms:.2f} -> "
             f"{res.last_decode_ms:.2f} ms per pass, mean {res.tpot_ms:.2f})"
         )
-    lines.append(
-        f"  {'total':30}{res.e2e_ms:10.2f} ms, {res.output_tokens_per_s:,.{digits}f} output "
-        "tokens/s"
-    )
+    lines.append(f"  {'total':30}{res.e2e_ms:10.2f} ms, {tokens_s} output tokens/s")
     if req.tp > 1:
         lines.append(f"  {'of which TP collectives':30}{res.comm_ms:10.2f} ms")
     lines.append(
