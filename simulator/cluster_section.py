@@ -12,10 +12,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.errors import ConfigError
-from topologies import Cluster, ClusterSpec, load_network, load_server
+from topologies import Cluster, ClusterSpec, TopologyError, load_network, load_server
 
 # strict: a TOML ``true`` or ``2.0`` is not a GPU count, nor ``"yes"`` a switch
 _FROZEN = ConfigDict(frozen=True, extra="forbid", strict=True)
+# The most GPUs a job may have: a layout's rank groups are tuples of ranks, so 2^30 GPUs ran
+# out of memory (or for hours) before any message; 2^23 took a minute and 1.5 GB per process.
+MAX_GPUS = 2**20
 
 
 class ClusterSection(BaseModel):
@@ -34,7 +37,9 @@ class ClusterSection(BaseModel):
         description="inter-node fabric (`tilesim list networks`) or a .toml path; default: "
         "the server's default network; multi-node only",
     )
-    num_gpus: int = Field(gt=0, description="GPUs in the job: tp x cp x pp x dp")
+    num_gpus: int = Field(
+        gt=0, le=MAX_GPUS, description=f"GPUs in the job: tp x cp x pp x dp (at most {MAX_GPUS:,})"
+    )
     gpus_per_node: int | None = Field(default=None, gt=0, description="default: the server's")
     nics_per_node: int | None = Field(default=None, ge=0, description="default: the server's")
 
@@ -53,7 +58,10 @@ def beside_scenario(base_dir: str, ref: str) -> str:
 def resolve_cluster(c: ClusterSection, base_dir: str = ".") -> Cluster:
     """A `Cluster` of ``num_gpus`` GPUs of the server type (per-node counts overridable);
     server and network TOML paths relative to ``base_dir`` (the scenario's folder)."""
-    server = load_server(beside_scenario(base_dir, c.server))
+    try:
+        server = load_server(beside_scenario(base_dir, c.server))
+    except TopologyError as e:
+        raise ConfigError(f"cluster.server: {e}") from e
     update: dict[str, Any] = {}
     if c.gpus_per_node is not None and c.gpus_per_node != server.gpus_per_node:
         update["gpus_per_node"] = c.gpus_per_node
@@ -67,7 +75,10 @@ def resolve_cluster(c: ClusterSection, base_dir: str = ".") -> Cluster:
             f"cluster.nics_per_node: {nodes} nodes with no NIC cannot talk; give at least 1"
         )
     net_id = c.network or server.default_network
-    net = load_network(beside_scenario(base_dir, net_id)) if net_id else None
+    try:
+        net = load_network(beside_scenario(base_dir, net_id)) if net_id else None
+    except TopologyError as e:
+        raise ConfigError(f"cluster.network: {e}") from e
     if nodes > 1 and net is None:
         raise ConfigError(f"cluster.network: {nodes} nodes need a network id")
     return Cluster(ClusterSpec(server=server, network=net, num_nodes=nodes))

@@ -82,4 +82,4 @@ def inline_model(m: ModelSection, name: str) -> ModelSpec:
     try:
         return ModelSpec.model_validate(fields)
     except ValidationError as e:
-        raise ConfigError(f"model: {e.errors()[0]['msg']}") from e
+        raise ConfigError(f"model: {e.errors()[0]['msg'].removeprefix('Value error, ')}") from e

@@ -207,7 +207,7 @@ def markdown_report(
         "## Notes",
         *notes(rows),
         *_errors(rows),
-        *FIGURES,
+        *(FIGURES if rank(rows, by) else ()),  # `plots.plot_all` draws none then
     ]
     return "\n\n".join(parts) + "\n"
 

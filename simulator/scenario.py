@@ -159,19 +159,28 @@ def resolve_model(s: Scenario) -> ModelSpec:
             f"model: {named} names the whole model; drop the inline key(s) {', '.join(inline)} "
             "or drop model." + named
         )
-    if m.id is not None:
-        return load_model(m.id)
-    if m.hf_config is not None:
-        path = Path(m.hf_config)
-        return load_model(path if path.is_absolute() else Path(s.base_dir) / path)
+    try:
+        if m.id is not None:
+            return load_model(m.id)
+        if m.hf_config is not None:
+            path = Path(m.hf_config)
+            return load_model(path if path.is_absolute() else Path(s.base_dir) / path)
+    except ConfigError as e:  # the loader's text did not say which key named the model
+        raise ConfigError(f"model.{'id' if m.id is not None else 'hf_config'}: {e}") from e
     return inline_model(m, s.study.name)
 
 
 def resolve_attention(t: TrainingSection, gpu: GPUSpec) -> Attention:
     """The attention implementation a training section runs on ``gpu`` (see
     `TrainingSection`): ``auto`` is unfused where FlashAttention-2 has no kernels
-    (`has_flash_attention`: below sm80, MI100), and ``flash`` there is refused."""
+    (`has_flash_attention`: below sm80, MI100) and under hf-eager, and ``flash`` there is
+    refused."""
     if t.framework == "hf-eager":
+        if t.attention == "flash":  # it was ignored: the eager loop has no FlashAttention
+            raise ConfigError(
+                "training.attention: flash, but framework hf-eager runs eager (unfused) "
+                'attention; use auto or unfused, or framework = "megatron"'
+            )
         return "unfused"
     flash_ok = has_flash_attention(gpu)
     if t.attention == "auto":
@@ -202,8 +211,11 @@ def resolve(s: Scenario) -> SimInputs:
     """Load the model, GPU and cluster a scenario names; unknown ids become `ConfigError`."""
     try:
         gpu = load_gpu(beside_scenario(s.base_dir, s.cluster.gpu))
+    except GPUError as e:
+        raise ConfigError(f"cluster.gpu: {e}") from e
+    try:
         cluster = resolve_cluster(s.cluster, s.base_dir)
-    except (GPUError, TopologyError) as e:
+    except TopologyError as e:  # not the server's or network's file (those name their key)
         raise ConfigError(f"cluster: {e}") from e
     model = resolve_model(s)
     model.check_sequence(s.model.seq_len)

@@ -40,7 +40,14 @@ from simulator.sweep_eval import (
     build_shared,
     candidate_points,
 )
-from simulator.sweep_folder import check_out, default_out_dir, fingerprint, write_resolved
+from simulator.sweep_folder import (
+    FIGURE_FILES,
+    check_out,
+    default_out_dir,
+    fingerprint,
+    remove_results,
+    write_resolved,
+)
 
 
 def add_sweep_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -206,6 +213,8 @@ def _run(
                 "tilesim code (or an unreadable progress.meta.json); starting afresh"
             )
             print(stale, file=sys.stderr)
+        if log.stale or not log.done:  # no rows, report or figure but this sweep's
+            remove_results(out)
         write_resolved(scenario, space, out, args.rank)
         screened = _tier(args, log, "screen", space.points, shared)
         top, per_context = args.candidates, args.per_context
@@ -247,6 +256,8 @@ def _finish(
     from simulator.plots import plot_all  # matplotlib only when figures are drawn
 
     figures = plot_all(rows, out, by=args.rank)
+    if not figures:  # nothing ranked: no figure, and none of an earlier sweep's left linked
+        remove_results(out, FIGURE_FILES)
     print(top_table(rows, k=args.top, by=args.rank))
     print(f"\nwrote {', '.join(str(p) for p in [*written, out / 'report.md', *figures])}")
     failed = [r["key"] for r in rows if r["status"] == "error"]

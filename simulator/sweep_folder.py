@@ -19,10 +19,10 @@ from simulator.scenario import Scenario
 from simulator.space import Space
 
 FIGURES = ("top_layouts", "pareto", "scaling", "procurement")  # `plots.PLOTS` (a test checks)
-OUTPUTS = (
-    *(PROGRESS, PROGRESS_META, "scenario.resolved.json", "report.md"),
-    *("rows.jsonl", "rows.parquet", "rows.csv", *(f"{f}.png" for f in FIGURES)),
-)
+FIGURE_FILES = tuple(f"{f}.png" for f in FIGURES)
+# what a finished sweep writes from its rows (`remove_results` clears them)
+RESULTS = ("report.md", "rows.jsonl", "rows.parquet", "rows.csv", *FIGURE_FILES)
+OUTPUTS = (PROGRESS, PROGRESS_META, "scenario.resolved.json", *RESULTS)
 
 
 def digest(scenario: Scenario) -> str:
@@ -110,6 +110,15 @@ def sweep_rank(out: Path) -> str:
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
         return "tokens"
     return rank if rank in RANKINGS else "tokens"
+
+
+def remove_results(out: Path, names: Sequence[str] = RESULTS) -> None:
+    """Remove the files of ``names`` a sweep left in ``out``: results of another scenario
+    (a log started afresh) were kept beside the new log until the new ones replaced them, and
+    for good where the new sweep drew no figure or was interrupted (`check_out` has refused
+    anything there but files)."""
+    for name in names:
+        (out / name).unlink(missing_ok=True)
 
 
 def check_files(out: Path, names: Sequence[str], where: str) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from simulator.cluster_section import ClusterSection
+from simulator.cluster_section import MAX_GPUS, ClusterSection
 from simulator.errors import ConfigError
 from simulator.parallel import RunConfig
 from simulator.rows import RUN_KEYS
@@ -70,6 +70,8 @@ def _gpu_counts(values: Any, where: str) -> list[int]:
     for n in values:
         if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
             raise ConfigError(f"{where}: {n!r} is not a positive whole number of GPUs")
+        if n > MAX_GPUS:
+            raise ConfigError(f"{where}: {n:,} GPUs; at most {MAX_GPUS:,} are modelled")
     return list(dict.fromkeys(values))
 
 

@@ -1,0 +1,89 @@
+"""Scenario inputs found by a user-path hunt: each is one line naming the TOML key, exit 2,
+before any work (a huge cluster ran out of memory, ids did not say which key named them, an
+ignored key passed without a word)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from simulator.cli import main
+from simulator.errors import ConfigError
+from simulator.scenario import load_scenario, resolve
+from simulator.space import enumerate_space, find_scenario
+
+TINY = find_scenario("tiny-gpt-8gpu")
+HUGE = 2**30  # rank groups of 2^30 GPUs took longer than a minute and many GB, then died
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str], *needles: str) -> None:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tilesim: error: "), err
+    assert all(n in lines[0] for n in needles), err
+
+
+def test_a_huge_cluster_is_refused_by_key(capsys: pytest.CaptureFixture[str]) -> None:
+    sets = [f"cluster.num_gpus={HUGE}", f"training.global_batch_size={HUGE}", "run.dp=0"]
+    with pytest.raises(ConfigError, match=r"cluster\.num_gpus"):
+        load_scenario(TINY, overrides=tuple(sets))
+    argv = ["simulate", str(TINY), *(x for s in sets for x in ("--set", s))]
+    assert main(argv) == 2
+    _one_line_error(capsys, "cluster.num_gpus", "1048576")
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        (f"sweep.world_size=[8, {HUGE}]", "sweep.world_size"),
+        (f"sweep.options=[{{id='a', num_gpus=[{HUGE}]}}]", "sweep.options[0].num_gpus"),
+    ],
+)
+def test_a_huge_swept_cluster_is_refused_by_key(override: str, key: str) -> None:
+    """It was pruned (the tiny global batch does not split over it) or, with a batch that
+    does, ran out of memory."""
+    scenario = load_scenario(TINY, overrides=(override,))
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: "):
+        enumerate_space(scenario)
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ('cluster.gpu="no-such-gpu"', "cluster.gpu: unknown GPU"),
+        ('cluster.server="no-such-server"', "cluster.server: unknown server"),
+        ('cluster.network="no-such-net"', "cluster.network: unknown network"),
+    ],
+)
+def test_an_unknown_cluster_id_names_its_key(override: str, key: str) -> None:
+    """They all said "cluster: unknown ...", not which of the keys named it."""
+    with pytest.raises(ConfigError, match=rf"^{key}"):
+        resolve(load_scenario(TINY, overrides=(override,)))
+
+
+def test_an_unknown_model_names_its_key(tmp_path: Path) -> None:
+    text = TINY.read_text()
+    for key in ("n_layers", "hidden_size", "n_heads", "vocab_size"):
+        text = "\n".join(x for x in text.splitlines() if not x.startswith(f"{key} ="))
+    for key, value in (("id", "no-such-model"), ("hf_config", "missing.json")):
+        path = tmp_path / f"{key}.toml"
+        path.write_text(text.replace("[model]", f'[model]\n{key} = "{value}"'))
+        with pytest.raises(ConfigError, match=rf"^model\.{key}: "):
+            resolve(load_scenario(path))
+
+
+def test_an_inline_model_rule_reads_without_pydantic_prefix() -> None:
+    with pytest.raises(ConfigError, match=r"^model: 7 heads do not divide"):
+        resolve(load_scenario(TINY, overrides=("model.n_heads=7",)))
+
+
+def test_flash_attention_under_hf_eager_is_refused_not_ignored() -> None:
+    """``attention = "flash"`` with ``framework = "hf-eager"`` ran unfused attention silently."""
+    sets = ("training.framework='hf-eager'", "training.attention='flash'")
+    with pytest.raises(ConfigError, match=r"^training\.attention: flash, but framework hf-eager"):
+        resolve(load_scenario(TINY, overrides=sets))
+    unfused = ("training.framework='hf-eager'", "training.attention='unfused'")
+    assert resolve(load_scenario(TINY, overrides=unfused)).attention == "unfused"
