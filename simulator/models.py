@@ -24,6 +24,11 @@ Architecture = Literal["gpt2", "opt", "bert", "switch", "llama", "mixtral"]
 Activation = Literal["gelu", "gelu_new", "relu", "swiglu"]
 
 
+# Tokens a sequence: far past any model's context; the causal attention's cost keeps a list
+# per row block, and 1e11 tokens ran out of memory (`tilesim simulate`, serve, predict).
+MAX_SEQ = 2**27
+
+
 class ModelSpec(BaseModel):
     """One transformer architecture; sizes in elements, counts in layers/heads.
 
@@ -154,7 +159,12 @@ class ModelSpec(BaseModel):
 
     def check_sequence(self, seq: int) -> None:
         """A `ConfigError` when ``seq`` tokens do not fit a learned position table (the model
-        cannot run them: GPT-2, OPT and BERT index the table by position)."""
+        cannot run them: GPT-2, OPT and BERT index the table by position) or pass `MAX_SEQ`."""
+        if seq > MAX_SEQ:
+            raise ConfigError(
+                f"seq {seq:,} tokens; at most {MAX_SEQ:,} (2^27) are modelled, give a shorter "
+                "sequence"
+            )
         if self.position == "learned" and seq > self.max_positions:
             raise ConfigError(
                 f"seq {seq} exceeds model {self.id}'s {self.max_positions} learned positions; "

@@ -20,10 +20,9 @@ from forecast.predict import LatencyModel
 from simulator.e2e import E2EResult, predict_run
 from simulator.errors import ConfigError, path_arg
 from simulator.latency import DeratedRoofline, latency_model_for
-from simulator.models import DEFAULT_DATA_DIR, list_models, load_model
+from simulator.models import DEFAULT_DATA_DIR, MAX_SEQ, list_models, load_model
 from simulator.opgraph import MAX_TOKENS, Workload
 from simulator.runs_file import model_of, parse_run_line, read_run_lines
-from simulator.serve import MAX_SEQ
 from simulator.validate_commands import add_validate_commands
 
 

@@ -218,7 +218,10 @@ def resolve(s: Scenario) -> SimInputs:
     except TopologyError as e:  # not the server's or network's file (those name their key)
         raise ConfigError(f"cluster: {e}") from e
     model = resolve_model(s)
-    model.check_sequence(s.model.seq_len)
+    try:
+        model.check_sequence(s.model.seq_len)
+    except ConfigError as e:
+        raise ConfigError(f"model.seq_len: {e}") from None
     return SimInputs(
         name=s.study.name,
         model=model,

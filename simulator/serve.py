@@ -43,7 +43,7 @@ from forecast.stream import stream_table
 from simulator.e2e import FITTED, Overheads, family_times_s, phase_time_s
 from simulator.errors import ConfigError
 from simulator.memory import GIB, estimate_memory
-from simulator.models import ModelSpec
+from simulator.models import MAX_SEQ, ModelSpec
 from simulator.opgraph import (
     MAX_TOKENS,
     Framework,
@@ -101,7 +101,6 @@ def kv_cache_bytes(model: ModelSpec, req: ServeRequest) -> float:
 
 
 MAX_DECODE_SAMPLES = 256  # decode passes forecast one by one; beyond, interpolated
-MAX_SEQ = 2**27  # tokens a sequence: past any context; past it causal attention outgrows RAM
 
 
 def decode_samples(gen: int) -> list[int]:

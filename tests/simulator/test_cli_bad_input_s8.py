@@ -109,13 +109,14 @@ def test_more_tokens_per_micro_batch_than_modelled_is_refused(
     tmp_path: Path, override: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Both commands raised pydantic's ValidationError for `Workload` (a traceback); the sweep
-    (micro-batch sizes 1 and 2) refuses it before writing its folder."""
+    (micro-batch sizes 1 and 2) refuses it before writing its folder. Such a sequence is past
+    `models.MAX_SEQ` (2^27 tokens) too, which is checked first."""
     assert main(["simulate", str(TINY), "--set", override]) == 2
-    _one_line(capsys, "model.seq_len", "micro_batch_size", "2^40")
+    _one_line(capsys, "model.seq_len", "2^27")
     out = tmp_path / "sweep"
     argv = ["sweep", str(TINY), "--serial", "--no-progress", "--out", str(out), "--set", override]
     assert main(argv) == 2
-    _one_line(capsys, "model.seq_len", "micro_batch_size", "2^40")
+    _one_line(capsys, "model.seq_len", "2^27")
     assert not out.exists()
 
 
@@ -197,3 +198,12 @@ def test_a_folder_given_as_a_file_is_called_a_folder(
     _one_line(capsys, str(folder), "a folder")
     assert main(["kernels", "predict", "--gpu", str(folder), "--op", "add", "--dims", "1,2"]) == 2
     _one_line(capsys, str(folder), "is a folder")
+
+
+def test_a_micro_batch_past_2_40_tokens_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """A sequence inside `models.MAX_SEQ` whose micro-batch still passes 2^40 tokens."""
+    sets = ["model.seq_len=134217728", "run.micro_batch_size=16384"]
+    sets.append("training.global_batch_size=65536")
+    argv = ["simulate", str(TINY), *(a for s in sets for a in ("--set", s))]
+    assert main(argv) == 2
+    _one_line(capsys, "model.seq_len", "micro_batch_size", "2^40")

@@ -1,6 +1,6 @@
 """``tilesim serve`` and ``tilesim predict`` at the edges of what they model (audit s14).
 
-A sequence longer than `serve.MAX_SEQ` tokens is refused in one line (it ran out of memory:
+A sequence longer than `models.MAX_SEQ` tokens is refused in one line (it ran out of memory:
 the causal attention's per-row-block list, or the per-pass array of a huge ``--gen``); the
 decode sum over every pass is the closed form of the interpolated one; a rate under 0.01
 tokens/s prints its digits, not "0.00"; a dtype the GPU lacks, or a model that cannot
@@ -17,8 +17,8 @@ import pytest
 import simulator.serve as serve
 from forecast.gpus import load_gpu
 from simulator.cli import main
-from simulator.models import load_model
-from simulator.serve import MAX_SEQ, ServeRequest, serve_forecast
+from simulator.models import MAX_SEQ, load_model
+from simulator.serve import ServeRequest, serve_forecast
 from simulator.serve_commands import serve_text, serve_title
 
 H100 = "h100-sxm5-80gb"
