@@ -50,7 +50,8 @@ def load_builder(spec: str) -> Callable[..., Any]:
         raise ConfigError(f"--module takes FILE.py:FUNC, got {spec!r}")
     path = Path(path_text)
     if not path.is_file():
-        raise ConfigError(f"module file {path} does not exist")
+        what = "is a folder; give the .py file" if path.is_dir() else "does not exist"
+        raise ConfigError(f"module file {path} {what}")
     mod_name = f"tilesim_module_{path.stem}"
     loader_spec = importlib.util.spec_from_file_location(mod_name, path)
     if loader_spec is None or loader_spec.loader is None:

@@ -245,9 +245,10 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _predict_runs(args: argparse.Namespace) -> int:
-    """``--runs FILE.jsonl``: one JSON line out per run line; a bad line is its error line, the
-    others still run, and the exit code is 1 with the failed lines named on stderr (as a sweep
-    with failed layouts), so a script sees the failure without parsing every line."""
+    """``--runs FILE.jsonl``: one JSON line out per run line, with its line number; a bad line
+    is its error line, the others still run, and the exit code is 1 with the failed lines named
+    on stderr (as a sweep with failed layouts), so a script sees the failure without parsing
+    every line."""
     flags = [f"--{k}" for k in RUN_KEYS if getattr(args, k) is not None]
     if flags:  # they were ignored: every run comes from its line
         raise ConfigError(
@@ -262,10 +263,9 @@ def _predict_runs(args: argparse.Namespace) -> int:
     for i, line in enumerate(raw, 1):
         if not line.strip():
             continue
-        out = _run_line(line, args, latency)
+        out = {"line": i, **_run_line(line, args, latency)}  # blank lines keep the count
         if "error" in out:
             failed.append(i)
-            out = {"line": i, **out}
         print(json.dumps(out))
     if failed:
         runs = sum(1 for line in raw if line.strip())
