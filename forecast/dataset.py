@@ -91,10 +91,15 @@ def read_table(path: Path) -> pd.DataFrame:
     if not path.is_file():
         what = "a folder" if path.is_dir() else "no such file"
         raise DataError(f"cannot read {path}: {what} (give a .csv or .csv.gz path)")
+    # .gz or plain text only: pandas also guessed .zip/.bz2/.xz/.tar from the name, and a bad
+    # .zip was a BadZipFile traceback
     try:
-        return pd.read_csv(path, low_memory=False)
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise DataError(f"cannot read {path} as CSV: {e}") from e
+        if path.suffix == ".gz":
+            return pd.read_csv(path, low_memory=False, compression="gzip")
+        return pd.read_csv(path, low_memory=False, compression=None)
+    except (OSError, ValueError, EOFError) as e:  # EOFError: a truncated .gz
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DataError(f"cannot read {path} as .csv or gzipped .csv.gz: {msg}") from e
 
 
 def _check_columns(df: pd.DataFrame, path: Path) -> None:

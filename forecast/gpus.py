@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
+from forecast.gpu_bounds import LIMITS, plausibility_error
 from forecast.kernels import Dtype
 
 CATALOG_DIR = Path(__file__).parent / "data" / "gpus"
@@ -116,7 +117,7 @@ def _not_a_number(kind: str, value: object) -> str:
         return f"must be {want}, got {json.dumps(value)}; write a number, not true or false"
     if isinstance(value, str):
         return f"must be {want}, got {json.dumps(value)}; write the number bare (no quotes)"
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
         return f"must be {want}, got {value!r}; write {int(value)}"
     return f"must be {want}, got {value!r}"
 
@@ -129,9 +130,13 @@ def _from_toml(path: Path) -> GPUSpec:
         raise GPUError(f"cannot read GPU file {path}: {e}") from e
     raw.setdefault("id", path.stem)
     try:
-        return GPUSpec.model_validate(raw)
+        spec = GPUSpec.model_validate(raw)
     except ValidationError as e:
         raise GPUError(f"{path}: {_first_error(e)}") from e
+    why = plausibility_error(spec)
+    if why:
+        raise GPUError(f"{path}: {why}")
+    return spec
 
 
 # NeuSight sheet field -> (unit, factor to SI, whole number)
@@ -195,6 +200,9 @@ def _from_neusight_json(path: Path) -> GPUSpec:
         )
     except ValidationError as e:
         raise GPUError(f"NeuSight device file {path}: {_first_error(e)}") from e
+    why = plausibility_error(spec, fp32_agreement=False)
+    if why:
+        raise GPUError(f"NeuSight device file {path} (read into catalog fields): {why}")
     return _with_catalog_facts(spec)
 
 
@@ -216,11 +224,11 @@ def _fp32_lanes(lanes: int, implied: float, path: Path, fp32_key: str) -> int:
     2x from the FP32 peak (field ``fp32_key``) the lanes it ``implied`` (AMD sheets count SIMD
     units in Core_Per_SM, 4)."""
     if not 0.5 * implied < lanes < 2.0 * implied:
-        lanes = round(implied) if 1 <= implied <= 1e6 else 0
+        lanes = round(implied) if 1 <= implied <= LIMITS["fp32_lanes_per_sm"] else 0
     if lanes < 1:
         raise GPUError(
             f"NeuSight device file {path}: field {fp32_key!r} implies {implied:.3g} FP32 lanes "
-            "per SM at Num_Sm and Freq; give the FP32 peak in GFLOP/s (1 to 1e6 lanes per SM)"
+            "per SM at Num_Sm and Freq; give one GPU's FP32 peak in GFLOP/s (1-1024 lanes an SM)"
         )
     return lanes
 

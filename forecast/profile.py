@@ -33,6 +33,7 @@ from forecast.collect_device import device_metadata, flush_bytes, nvidia_smi, so
 from forecast.collect_kernels import CollectError, Fn, build_fn, matmul_mode
 from forecast.collect_plan import DTYPES, OPS, plan
 from forecast.collect_rows import COLUMNS, build_row, launch_columns, resume_keys, row_key
+from forecast.dataset import DataError
 from forecast.files import write_text_atomic
 
 
@@ -130,6 +131,8 @@ def launch_info(fn: Fn, device: str) -> dict[str, object]:
 
 def collect(cfg: CollectConfig) -> CollectReport:
     """Measure every planned (op, dtype, shape) not already in ``cfg.out``, within budget."""
+    if cfg.out.suffix.lower() != ".csv":  # rows are plain text: a .csv.gz was unreadable
+        raise DataError(f"--out {cfg.out}: the collector writes plain CSV; give a .csv path")
     t0 = time.perf_counter()
     deadline = None if cfg.budget_s is None else t0 + cfg.budget_s
     report = CollectReport()

@@ -173,6 +173,12 @@ def collected_cases(paths: Sequence[Path]) -> list[Case]:
                 ) from None
             if case is not None:
                 cases.append(case)
+        if not any(c.source == str(path) for c in cases):  # it was silently left out
+            raise TensorCoreError(
+                f"{path}: no tensor-core GEMM (bmm in bf16, fp16, fp8 or tf32) or "
+                "flash-attention-2 forward row; give a CSV that `tilesim kernels collect` wrote "
+                "on a GPU with such rows"
+            )
     return cases
 
 

@@ -69,10 +69,12 @@ class TileMLPModel:
         if family not in self.mlps:
             raise ModelError(f"no weights for family {family.value}; run `tilesim kernels train`")
         choice = None
+        floor_s = np.zeros(len(kernels))
         if family in GEMM_FAMILIES:
             dims = np.array([k.dims for k in kernels], dtype=np.int64)
             choice = self.picker.pick(family.value, gpu, dims)
         else:
+            floor_s = dram_floor_s(kernels, gpu)
             kernels = [_at_least_floor(k) for k in kernels]
         fb = build_features(gpu, kernels, choice)
         net = self.mlps[family]
@@ -81,7 +83,7 @@ class TileMLPModel:
             self._warned.add(family)
             log.info("%s: some kernels lie outside the training range; clamped", family.value)
         log_ratio = net.predict(x).double().numpy()
-        return fb.base_s * np.exp(log_ratio)
+        return np.maximum(fb.base_s * np.exp(log_ratio), floor_s)
 
     def save(self, out_dir: Path) -> None:
         """Write weights, tile tables and model.json to ``out_dir``, all of them or none (an
@@ -152,6 +154,16 @@ class TileMLPModel:
 # 32,768 rows (a floor-sized kernel).
 ROW_FLOOR_ELEMENTS = 2**16
 MIN_WIDTH = {OpFamily.LAYERNORM: 256}  # layer norms measured: widths 260-4100
+
+
+def dram_floor_s(kernels: list[KernelSpec], gpu: GPUSpec) -> npt.NDArray[np.float64]:
+    """The least time the DRAM allows each row kernel: its minimum bytes less two L2s (the
+    inputs may sit in L2 at its start, the outputs stay there at its end) at peak bandwidth.
+    The MLP, unbounded, forecast fp32 layer norms of 1-8 GB at up to 1.15x the DRAM peak on
+    Hopper and MI300 (outside its training GPUs' bandwidths); a kernel L2 can serve keeps the
+    MLP's forecast (the L4's tables run a 25 MB softmax at 1.9x its DRAM peak)."""
+    nbytes = np.array([float(k.bytes()) for k in kernels])
+    return np.maximum(nbytes - 2.0 * gpu.l2_bytes, 0.0) / gpu.hbm_bw_bytes_per_s
 
 
 def _at_least_floor(k: KernelSpec) -> KernelSpec:

@@ -68,7 +68,9 @@ def test_only_the_listed_gpus_carry_neusight_names() -> None:
 
 
 def test_every_neusight_device_sheet_loads() -> None:
-    files = _neusight_files()
+    # but the tensor-parallel pair's sheet (2 GPUs' memory, a tensor rate as SingleFLOPs),
+    # refused in test_gpu_files_s14.py
+    files = [p for p in _neusight_files() if not p.stem.endswith("_TP")]
     assert files
     for path in files:
         gpu = load_gpu(path)
