@@ -137,7 +137,7 @@ def _parse_degrade(text: str) -> Degradation:
         fields = {"tier": parts[0], "node": node, "local_rank": gpu, "bw_scale": float(parts[3])}
         return Degradation.model_validate(fields)
     except (ValueError, ValidationError) as e:
-        msg = f"--degrade {text!r}: NODE and GPU are integers or *, and 0 < SCALE <= 1"
+        msg = f"--degrade {text!r}: NODE and GPU are integers or *, and 0.001 <= SCALE <= 1"
         raise TopologyError(msg) from e
 
 

@@ -25,6 +25,7 @@ SERVERS_DIR = DATA_DIR / "servers"
 NETWORKS_DIR = DATA_DIR / "networks"
 
 _M = TypeVar("_M", bound=BaseModel)
+MAX_GPUS = 2**20  # 1,048,576: 64 times the largest vetted fabric (2,048 DGX nodes)
 
 
 def _load(path: Path, model: type[_M]) -> _M:
@@ -51,6 +52,8 @@ def _complaint(e: ValidationError, model: type[BaseModel]) -> str:
         return f"field {key!r} is not a {model.__name__} field; {hint}"
     first = e.errors()[0]
     loc = ".".join(str(x) for x in first["loc"])
+    if first["type"] == "value_error" and not loc:  # a check across fields: its own sentence
+        return str(first["ctx"]["error"])
     if first["type"] in ("int_type", "float_type"):
         want = "a whole number" if first["type"] == "int_type" else "a number"
         value = first["input"]
@@ -70,8 +73,10 @@ def _ids(folder: Path) -> list[str]:
 
 def _resolve(name: str, folder: Path, what: str) -> Path:
     path = Path(name)
-    if path.suffix == ".toml" and path.exists():
-        return path
+    if path.suffix == ".toml":  # a file, not an id: say so when it is missing
+        if path.exists():
+            return path
+        raise TopologyError(f"{what} file {name}: no such file; give an existing TOML file")
     path = folder / f"{name}.toml"
     if not path.exists():
         raise TopologyError(f"unknown {what} {name!r}; known: {', '.join(_ids(folder))}")
@@ -128,6 +133,8 @@ def load_cluster(
             f"--gpus {gpus} is more than {spec.id} clusters hold "
             f"({spec.max_nodes} nodes x {spec.gpus_per_node} GPUs); ask for fewer GPUs"
         )
+    if gpus > MAX_GPUS:  # every rank is walked: 2^20 take about a second, 1e8 took minutes
+        raise TopologyError(f"--gpus {gpus}: at most {MAX_GPUS:,} GPUs are modelled; ask for fewer")
     return Cluster(
         ClusterSpec(
             server=spec,
@@ -144,9 +151,14 @@ def _network(spec: ServerSpec, network: str | None, *, gpus: int, nodes: int) ->
     (none for one node of a server without them); a `TopologyError` when several need one."""
     net_id = network or spec.default_network
     net = load_network(net_id) if net_id else None
-    if nodes > 1 and (net is None or spec.nics_per_node == 0):
+    if nodes > 1 and spec.nics_per_node == 0:  # a --network cannot help: there is no NIC
         raise TopologyError(
-            f"{spec.id} has no compute NICs; {gpus} GPUs need {nodes} nodes: pass --network"
+            f"{spec.id} has no compute NICs (nics_per_node = 0), so {gpus} GPUs on {nodes} "
+            f"nodes cannot talk; use --gpus {spec.gpus_per_node} or fewer, or set nics_per_node"
+        )
+    if nodes > 1 and net is None:
+        raise TopologyError(
+            f"{spec.id} names no network; {gpus} GPUs need {nodes} nodes: pass --network"
         )
     return net
 

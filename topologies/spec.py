@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict
+from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
 Fabric = Literal["nvswitch", "mesh", "pcie"]
 TierKind = Literal["intra", "inter"]
@@ -18,6 +18,13 @@ TierKind = Literal["intra", "inter"]
 # efficiency of true as 1.0; strict ints refuse floats too (gpus_per_node = 8.5)
 _Int = Annotated[int, Strict()]
 _Float = Annotated[float, Strict()]
+# finite is not enough: 1.7e308 B/s summed over NICs overflowed to inf (an all-to-all divided by
+# zero), 1e-300 B/s priced a collective at inf s, a latency of 1e9 s printed a 4e11 ms step.
+# No link is slower than 1 MB/s or faster than 1 PB/s a direction (NVLink 5: 9e11), and no
+# step, switch round or launch takes a second; an efficiency under 1% is no fitted figure.
+_Rate = Annotated[_Float, Field(ge=1e6, le=1e15)]
+_Latency = Annotated[_Float, Field(ge=0, le=1.0)]
+_Efficiency = Annotated[_Float, Field(ge=0.01, le=1)]
 
 
 class TopologyError(ValueError):
@@ -33,9 +40,9 @@ class LinkTier(_Frozen):
     """One class of link a GPU uses: NVLink into a switch, a PCIe switch, or a NIC port."""
 
     name: str
-    bw_bytes_per_s_per_dir: _Float = Field(gt=0, description="line rate, one direction")
-    latency_s: _Float = Field(ge=0, description="per algorithm step, Simple protocol")
-    efficiency: _Float = Field(gt=0, le=1, description="achieved ring busbw / line rate")
+    bw_bytes_per_s_per_dir: _Rate = Field(description="line rate, one direction")
+    latency_s: _Latency = Field(description="per algorithm step, Simple protocol")
+    efficiency: _Efficiency = Field(description="achieved ring busbw / line rate")
 
     @property
     def effective_bw_bytes_per_s(self) -> float:
@@ -46,8 +53,8 @@ class LinkTier(_Frozen):
 class NVLSSpec(_Frozen):
     """NVLink SHARP (in-switch reduction and multicast) on NVSwitch gen3+ fabrics."""
 
-    latency_s: _Float = Field(ge=0, description="one switch round trip")
-    efficiency: _Float = Field(gt=0, le=1, description="achieved algbw / per-GPU line rate")
+    latency_s: _Latency = Field(description="one switch round trip")
+    efficiency: _Efficiency = Field(description="achieved algbw / per-GPU line rate")
 
 
 class ServerSpec(_Frozen):
@@ -62,13 +69,35 @@ class ServerSpec(_Frozen):
     mesh_edges: tuple[tuple[_Int, _Int], ...] | None = Field(
         default=None, description="GPU pairs joined on a mesh fabric; None = every pair"
     )
-    launch_latency_s: _Float = Field(ge=0, description="fixed cost of one collective call")
+    launch_latency_s: _Latency = Field(description="fixed cost of one collective call")
     intra: LinkTier = Field(description="per-GPU bandwidth a ring can use inside the node")
     nvls: NVLSSpec | None = None
     nics_per_node: _Int = Field(ge=0)
     default_network: str | None = Field(description="network id of the compute NICs")
     max_nodes: _Int = Field(gt=0, description="largest vetted scale-out fabric for this server")
     sources: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _parts_fit(self) -> ServerSpec:
+        """NICs shared evenly, NVLS only on an NVSwitch, mesh pairs of two of its GPUs."""
+        gpus, nics = self.gpus_per_node, self.nics_per_node
+        if nics and gpus % nics and nics % gpus:
+            raise ValueError(
+                f"nics_per_node = {nics} must divide gpus_per_node = {gpus} or be a multiple "
+                "of it (GPUs share NICs evenly); fix nics_per_node"
+            )
+        if self.nvls is not None and self.fabric != "nvswitch":
+            raise ValueError(
+                f'[nvls] needs fabric = "nvswitch" (NVLink SHARP runs in the switch), not '
+                f"{self.fabric!r}; remove [nvls] or fix fabric"
+            )
+        for a, b in self.mesh_edges or ():
+            if a == b or not (0 <= a < gpus and 0 <= b < gpus):
+                raise ValueError(
+                    f"mesh_edges pair [{a}, {b}] must join two different GPUs of "
+                    f"0..{gpus - 1}; fix mesh_edges"
+                )
+        return self
 
 
 class NetworkSpec(_Frozen):
@@ -91,7 +120,8 @@ class Degradation(_Frozen):
     tier: TierKind
     node: int | None = Field(default=None, ge=0)
     local_rank: int | None = Field(default=None, ge=0)
-    bw_scale: float = Field(gt=0, le=1)
+    # 1e-320 priced a collective at inf s; a link at 0.1% of its rate is degraded enough
+    bw_scale: float = Field(ge=1e-3, le=1)
 
 
 class ClusterSpec(_Frozen):
