@@ -9,10 +9,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simulator.errors import ConfigError
-from topologies import Cluster, ClusterSpec, TopologyError, load_network, load_server
+from topologies import Cluster, ClusterSpec, ServerSpec, TopologyError, load_network, load_server
 
 # strict: a TOML ``true`` or ``2.0`` is not a GPU count, nor ``"yes"`` a switch
 _FROZEN = ConfigDict(frozen=True, extra="forbid", strict=True)
@@ -68,7 +68,7 @@ def resolve_cluster(c: ClusterSection, base_dir: str = ".") -> Cluster:
         update["nics_per_node"] = min(server.nics_per_node, c.gpus_per_node)
     if c.nics_per_node is not None:
         update["nics_per_node"] = c.nics_per_node
-    server = server.model_copy(update=update) if update else server
+    server = _with_counts(server, update) if update else server
     nodes = math.ceil(c.num_gpus / server.gpus_per_node)
     if nodes > 1 and server.nics_per_node < 1:
         raise ConfigError(
@@ -82,3 +82,18 @@ def resolve_cluster(c: ClusterSection, base_dir: str = ".") -> Cluster:
     if nodes > 1 and net is None:
         raise ConfigError(f"cluster.network: {nodes} nodes need a network id")
     return Cluster(ClusterSpec(server=server, network=net, num_nodes=nodes))
+
+
+def _with_counts(server: ServerSpec, update: dict[str, Any]) -> ServerSpec:
+    """``server`` with the scenario's per-node counts, checked as a server file is (NICs shared
+    evenly; `model_copy` checked nothing); a mesh keeps the links among the GPUs it keeps."""
+    fields = {**server.model_dump(), **update}
+    if server.mesh_edges is not None:
+        n = fields["gpus_per_node"]
+        fields["mesh_edges"] = [e for e in server.mesh_edges if max(e) < n]
+    try:
+        return ServerSpec.model_validate(fields)
+    except ValidationError as e:
+        err = e.errors()[0]
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"cluster.gpus_per_node/nics_per_node on {server.id}: {msg}") from None

@@ -87,3 +87,27 @@ def test_flash_attention_under_hf_eager_is_refused_not_ignored() -> None:
         resolve(load_scenario(TINY, overrides=sets))
     unfused = ("training.framework='hf-eager'", "training.attention='unfused'")
     assert resolve(load_scenario(TINY, overrides=unfused)).attention == "unfused"
+
+
+def test_per_node_counts_are_checked_as_a_server_file_is(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`model_copy` skipped `ServerSpec`'s checks: 3 NICs for 8 GPUs were priced as shares."""
+    assert main(["simulate", str(TINY), "--set", "cluster.nics_per_node=3"]) == 2
+    _one_line_error(capsys, "cluster.gpus_per_node/nics_per_node", "nics_per_node = 3")
+
+
+def test_a_mesh_cut_to_fewer_gpus_keeps_the_links_among_them() -> None:
+    """A mesh server's edges naming GPUs past the new count are dropped, not refused."""
+    sc = load_scenario(
+        TINY,
+        overrides=(
+            'cluster.server="dgx1-v100"',
+            'cluster.gpu="v100-sxm2-32gb"',
+            "cluster.gpus_per_node=4",
+            'training.dtype="fp16"',
+        ),
+    )
+    server = resolve(sc).cluster.server
+    assert server.gpus_per_node == 4
+    assert server.mesh_edges and all(max(e) < 4 for e in server.mesh_edges)
