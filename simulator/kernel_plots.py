@@ -72,6 +72,11 @@ def _draw_family(
             hi = max(hi, true_ms.max(), pred_ms.max())
     ax.plot([lo, hi], [lo, hi], color="black", lw=0.8, label="predicted = measured")
     ax.set(xscale="log", yscale="log", title=family)
+    # the same range on both axes, square: each axis autoscaled to its own points, so the
+    # diagonal ran at a different angle in every panel and a distance off it read unlike
+    ax.set_xlim(lo / 1.5, hi * 1.5)
+    ax.set_ylim(lo / 1.5, hi * 1.5)
+    ax.set_aspect("equal", adjustable="box")
     ax.set_xlabel("measured latency (ms)")
     ax.set_ylabel("predicted latency (ms)")
     ax.legend(fontsize=7, loc="upper left", markerscale=1.8, framealpha=0.9)

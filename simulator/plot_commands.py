@@ -11,7 +11,7 @@ from pathlib import Path
 from simulator.errors import ConfigError, InfeasibleConfig
 from simulator.report import RANKINGS
 from simulator.saved_rows import load_rows
-from simulator.sweep_folder import FIGURES, check_files, sweep_rank
+from simulator.sweep_folder import FIGURES, check_files, sweep_rank, sweep_study
 
 
 def add_plot_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,7 +36,7 @@ def _plot(args: argparse.Namespace) -> int:
     check_files(out, [f"{f}.png" for f in FIGURES], f"plot {args.dir}")
     from simulator.plots import plot_all  # matplotlib only when figures are drawn
 
-    figures = plot_all(rows, out, by=args.rank or sweep_rank(out))
+    figures = plot_all(rows, out, by=args.rank or sweep_rank(out), study=sweep_study(out))
     if not figures:  # it printed nothing and exited 0
         raise InfeasibleConfig(f"plot {args.dir}: no simulated layout fits; no figure to draw")
     for path in figures:

@@ -25,6 +25,7 @@ from simulator.report import (
     RANKING_NAMES,
     amount_text,
     best_per_context,
+    hardware_text,
     layout_label,
     procurement_entries,
     rank,
@@ -62,6 +63,14 @@ def _whole_numbers(axis: Axis) -> None:
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
 
 
+def titled(rows: Sequence[Row], what: str, study: str = "") -> str:
+    """A figure's title: the study and its hardware on a first line (every sweep figure's
+    title said what it plots but not of which job on which GPUs), then ``what``."""
+    hardware = hardware_text(rows)
+    head = " on ".join(t for t in (study, hardware) if t)
+    return f"{head}\n{what}" if head else what
+
+
 def _ranked_amount(r: Row, by: str) -> str:
     """The amount a cost or time ranking orders by, for a label (tokens/s is there already):
     ranked by cost, labels of tokens/s alone did not explain the order."""
@@ -72,7 +81,9 @@ def _ranked_amount(r: Row, by: str) -> str:
     return ""
 
 
-def plot_top_layouts(rows: Sequence[Row], path: Path, *, by: str = "tokens", k: int = 12) -> Path:
+def plot_top_layouts(
+    rows: Sequence[Row], path: Path, *, by: str = "tokens", k: int = 12, study: str = ""
+) -> Path:
     """Horizontal stacked bars: the best layouts' step time by part."""
     top = rank(rows, by)[:k][::-1]
     unit, scale = time_unit(max(r["iteration_s"] for r in top))
@@ -92,7 +103,8 @@ def plot_top_layouts(rows: Sequence[Row], path: Path, *, by: str = "tokens", k: 
         f"step time, {unit}: the critical path's compute, exposed communication and optimizer "
         "(bubble: a GPU's mean idle share)"
     )
-    ax.set_title(f"Top {len(top)} layouts by {RANKING_NAMES[by]} (best at the top)")
+    what = f"Top {len(top)} layouts by {RANKING_NAMES[by]} (best at the top)"
+    ax.set_title(titled(rows, what, study))
     # a fixed 40 points below the axes, under the tick labels and the x label: a fraction of
     # the axes' height lay over the x label when few layouts made the axes short
     below = offset_copy(ax.transAxes, fig=fig, y=-40, units="points")
@@ -112,12 +124,12 @@ def _pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return front
 
 
-def plot_pareto(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path:
+def plot_pareto(rows: Sequence[Row], path: Path, *, by: str = "tokens", study: str = "") -> Path:
     """Throughput against memory per GPU, per context: screened (small), simulated (ringed),
     and each context's Pareto front of its simulated layouts (most tokens/s for the memory).
     A front is per context: one front over all of them traced only the largest, fastest
     cluster's layouts, as if a smaller cluster's were no trade-off at all."""
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig, ax = plt.subplots(figsize=(10.5, 5.5))
     sim = rank(rows, "tokens")
     scr = [r for r in rows if r["status"] == "ok" and r["tier"] == "screen"]
     for i, ctx in enumerate(sorted({r["context"] for r in rows}, key=_context_order)):
@@ -136,8 +148,10 @@ def plot_pareto(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path:
     ax.set_xlabel("peak memory per GPU, GiB")
     ax.set_ylabel("tokens/s")
     _whole_numbers(ax.yaxis)
-    ax.set_title("Throughput vs memory (faint: screened in closed form; ringed: simulated)")
-    ax.legend(fontsize=8)
+    what = "Throughput vs memory (faint: screened in closed form; ringed: simulated)"
+    ax.set_title(titled(rows, what, study))
+    # beside the axes: inside, the six contexts of the procurement study hid screened points
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return save_figure(fig, path)
 
 
@@ -146,7 +160,7 @@ def _context_order(ctx: str) -> tuple[str, int]:
     return option, int(n) if n.isdigit() else 0
 
 
-def plot_scaling(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path:
+def plot_scaling(rows: Sequence[Row], path: Path, *, by: str = "tokens", study: str = "") -> Path:
     """Best simulated tokens/s against GPU count, one line per cluster option."""
     fig, ax = plt.subplots(figsize=(8, 5))
     best = best_per_context(rows, "tokens")
@@ -174,7 +188,7 @@ def plot_scaling(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path
     ax.set_xlabel("GPUs")
     ax.set_ylabel("best tokens/s")
     _whole_numbers(ax.yaxis)
-    ax.set_title("Scaling: best layout at each cluster size")
+    ax.set_title(titled(rows, "Scaling: best layout at each cluster size", study))
     ax.legend(fontsize=8)
     place_labels(fig, labels)  # the largest size's labels ran past the axes' right edge
     return save_figure(fig, path)
@@ -203,7 +217,9 @@ class _Panel:
     color: str
 
 
-def plot_procurement(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> Path:
+def plot_procurement(
+    rows: Sequence[Row], path: Path, *, by: str = "tokens", study: str = ""
+) -> Path:
     """Per option and size, its best layout's time to train, cost and energy (the panels the
     rows can fill: without a token budget, tokens/s only). An option without a price or
     power has no bar in that panel and says so (it was drawn as a bar of zero); so does an
@@ -215,7 +231,8 @@ def plot_procurement(rows: Sequence[Row], path: Path, *, by: str = "tokens") -> 
         _draw_panel(ax, panel, entries)
         if i:
             ax.set_yticks([])
-    fig.suptitle(f"Cluster options, best first by {RANKING_NAMES[by]}: the best layout of each")
+    what = f"Cluster options, best first by {RANKING_NAMES[by]}: the best layout of each"
+    fig.suptitle(titled(rows, what, study))
     return save_figure(fig, path)
 
 
@@ -271,8 +288,11 @@ PLOTS: dict[str, Callable[..., Path]] = {
 }
 
 
-def plot_all(rows: Sequence[Row], out_dir: Path, *, by: str = "tokens") -> list[Path]:
-    """Every figure of `PLOTS` as ``out_dir/<name>.png`` (skipped when nothing is ranked)."""
+def plot_all(
+    rows: Sequence[Row], out_dir: Path, *, by: str = "tokens", study: str = ""
+) -> list[Path]:
+    """Every figure of `PLOTS` as ``out_dir/<name>.png`` (skipped when nothing is ranked);
+    ``study``, the scenario's name, heads each title."""
     if not rank(rows, by):
         return []
-    return [fn(rows, out_dir / f"{name}.png", by=by) for name, fn in PLOTS.items()]
+    return [fn(rows, out_dir / f"{name}.png", by=by, study=study) for name, fn in PLOTS.items()]

@@ -101,6 +101,19 @@ def amount_text(v: float | None) -> str:
     return "-" if v is None else format(v, ",.0f" if abs(v) >= 100 else "#.3g")
 
 
+def hardware_text(rows: Sequence[Row]) -> str:
+    """The hardware of a sweep's rows, for the report and the figures' titles (neither named
+    it): one GPU as "H100 SXM5 80GB (dgx-h100 servers, ib-ndr)", several options by their
+    servers; "" when the rows do not say."""
+    kinds = sorted({(r["gpu"], r["server"], r["network"]) for r in rows if r.get("gpu")})
+    if len(kinds) == 1:
+        gpu, server, network = kinds[0]
+        return f"{gpu} ({server} servers, {network})"
+    servers = ", ".join(sorted({str(s) for _, s, _ in kinds}))
+    networks = ", ".join(sorted({str(n) for *_, n in kinds}))
+    return f"{servers} servers ({networks})" if kinds else ""
+
+
 def layout_label(r: Row) -> str:
     """A short text of a row's layout: tp (cp when over 1), pp, dp, micro-batch, schedule,
     recompute, ZeRO, then sp and dist-opt when on; every sweep key that can tell two rows of
@@ -217,7 +230,9 @@ def _summary(rows: Sequence[Row], pruned: Sequence[tuple[str, int, str]], by: st
     (for a key's rule, the first pruned layout's reason)."""
     n = counts(rows)
     n_pruned = sum(c for _, c, _ in pruned)
-    lines = [
+    hardware = hardware_text(rows)
+    lines = [f"Hardware: {hardware}."] if hardware else []
+    lines += [
         f"{n['layouts'] + n_pruned} layouts enumerated; {n_pruned} pruned as invalid or duplicate; "
         f"{n['layouts']} screened in closed form; {n['infeasible']} do not fit in memory; "
         f"{n['simulated']} simulated with the execution graph; {n['errors']} errors. "

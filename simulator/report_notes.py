@@ -24,17 +24,28 @@ def screen_error(rows: Sequence[Row]) -> tuple[float, float] | None:
 
 
 def _reasons(rows: Sequence[Row]) -> str:
+    """The layouts that do not fit, by the pipeline stage over the GPU's memory: the note
+    read "515 x stage 0", which did not say that stage 0 is where the memory ran out."""
     c = Counter(
         (r["reason"] or "").split(" needs ")[0] for r in rows if r["status"] == "infeasible"
     )
-    return ", ".join(f"{n} x {why}" for why, n in c.most_common(5)) or "none"
+    if not c:
+        return "* Every screened layout fits in GPU memory."
+    where = ", ".join(f"{n} at {why or 'an unnamed stage'}" for why, n in c.most_common(5))
+    return (
+        f"* Do not fit in GPU memory: {c.total()} layouts, by the pipeline stage that needs "
+        f"more than the GPU holds (rows' `reason`): {where}."
+    )
 
 
 def _basis(rows: Sequence[Row]) -> list[str]:
     """What days, $ and MWh are for (the tables did not say): the token budget, the forms."""
     tokens = next((r["train_tokens"] for r in rows if r.get("train_tokens")), None)
-    if tokens is None:
-        return []
+    if tokens is None:  # the tables' days and cost $ were all "-", and "see Notes" said nothing
+        return [
+            "* Days, cost $ and MWh are `-`: the scenario sets no token budget "
+            "(`sweep.train_tokens`), so there is no time, cost or energy to train."
+        ]
     return [
         f"* Days, cost and energy are for the token budget, {tokens:g} tokens "
         "(`sweep.train_tokens`), at each layout's simulated tokens/s: cost = GPUs x hours x "
@@ -88,7 +99,7 @@ def notes(rows: Sequence[Row]) -> list[str]:
         f"* Screen vs simulation, tokens/s: median |error| {err[0]:.1%}, max {err[1]:.1%}."
         if err
         else "* No simulated rows to check the screen against.",
-        f"* Infeasible (stage that does not fit, by count): {_reasons(rows)}.",
+        _reasons(rows),
         *_basis(rows),
         *([PRICE_NOTE] if priced else []),
     ]

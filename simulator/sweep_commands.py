@@ -255,7 +255,7 @@ def _finish(
     write_text_atomic(out / "report.md", report)
     from simulator.plots import plot_all  # matplotlib only when figures are drawn
 
-    figures = plot_all(rows, out, by=args.rank)
+    figures = plot_all(rows, out, by=args.rank, study=scenario.study.name)
     if not figures:  # nothing ranked: no figure, and none of an earlier sweep's left linked
         remove_results(out, FIGURE_FILES)
     print(top_table(rows, k=args.top, by=args.rank))

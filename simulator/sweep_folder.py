@@ -112,6 +112,17 @@ def sweep_rank(out: Path) -> str:
     return rank if rank in RANKINGS else "tokens"
 
 
+def sweep_study(out: Path) -> str:
+    """The name of the study whose sweep is in ``out`` (its scenario.resolved.json), else "":
+    the figures' titles name it, and a redraw named none."""
+    try:
+        resolved = json.loads((out / "scenario.resolved.json").read_text(encoding="utf-8"))
+        name = resolved["scenario"]["study"]["name"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return ""
+    return name if isinstance(name, str) else ""
+
+
 def remove_results(out: Path, names: Sequence[str] = RESULTS) -> None:
     """Remove the files of ``names`` a sweep left in ``out``: results of another scenario
     (a log started afresh) were kept beside the new log until the new ones replaced them, and

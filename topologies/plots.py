@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter
 
 from topologies.catalog import load_cluster
 from topologies.collectives import collective_estimate
@@ -14,6 +15,15 @@ from topologies.measured import MeasuredCurve
 
 SIZES_BYTES: tuple[float, ...] = tuple(float(2**k) for k in range(10, 34))
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")  # one per cluster: shared lines stay apart
+_BINARY = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def size_text(nbytes: float) -> str:
+    """A power-of-two message size as "64 KiB" (the axis read 2^16 bytes)."""
+    k = 0
+    while nbytes >= 1024 and k < len(_BINARY) - 1:
+        nbytes, k = nbytes / 1024, k + 1
+    return f"{nbytes:g} {_BINARY[k]}"
 
 
 def predicted_busbw(server: str, gpus: int, *, algorithm: str = "auto") -> list[float]:
@@ -58,9 +68,15 @@ def busbw_figure(clusters: Sequence[tuple[str, int]], measured: Sequence[Measure
                 ax.scatter(xs, [y / 1e9 for y in ys], color=colour, marker=marker, s=14)
         handles.append(Line2D([], [], color=colour, ls=style, marker=marker, label=label))
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("all-reduce bus bandwidth (GB/s)")
-    ax.set_title("predicted (lines) vs measured nccl-tests (points)")
+    ax.set_xticks([2.0**k for k in range(10, 34, 3)])
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: size_text(v)))
+    # log: bus bandwidth spans four decades, and on a linear axis every point under 256 KiB
+    # lay on zero, the latency-bound sizes unreadable
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel("message size")
+    ax.set_ylabel("all-reduce bus bandwidth (GB/s, log)")
+    ax.set_title("All-reduce bus bandwidth: predicted (lines) vs measured nccl-tests (points)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(handles=handles)
     return fig
