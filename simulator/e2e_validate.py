@@ -185,7 +185,7 @@ STREAMING_ELEMENTS = 2**21  # tensors this large stream at full speed (launch co
 
 
 def slow_memory_ops(data_dir: Path, memory: BandwidthModel) -> dict[str, float]:
-    """`forecast.tile_mlp.SLOW_MEMORY_OPS` from the training traces of the kernel-training GPUs:
+    """`forecast.bandwidth.SLOW_MEMORY_OPS` from the training traces of the kernel-training GPUs:
     per dropout row of at least `STREAMING_ELEMENTS`, its measured backward time less the
     launch over ``memory``'s bandwidth time of a ``dropout_backward`` kernel; the median."""
     ratios = []
