@@ -73,3 +73,13 @@ def one_line_refusal(err: str, *needles: str) -> str:
     assert len(lines) == 1 and lines[0].startswith("tilesim: "), err
     assert all(n in lines[0] for n in needles), err
     return lines[0]
+
+
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: str) -> str:
+    """Run ``tilesim argv``: exit code 2, nothing on stdout, and `one_line_refusal`."""
+    from simulator.cli import main
+
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    return one_line_refusal(captured.err, *needles)

@@ -13,17 +13,14 @@ from simulator.cli import main
 from simulator.errors import ConfigError
 from simulator.scenario import load_scenario, resolve
 from simulator.space import enumerate_space, find_scenario
+from tests.support import one_line_refusal
 
 TINY = find_scenario("tiny-gpt-8gpu")
 HUGE = 2**30  # rank groups of 2^30 GPUs took longer than a minute and many GB, then died
 
 
 def _one_line_error(capsys: pytest.CaptureFixture[str], *needles: str) -> None:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tilesim: error: "), err
-    assert all(n in lines[0] for n in needles), err
+    one_line_refusal(capsys.readouterr().err, "tilesim: error: ", *needles)
 
 
 def test_a_huge_cluster_is_refused_by_key(capsys: pytest.CaptureFixture[str]) -> None:

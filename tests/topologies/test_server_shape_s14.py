@@ -9,23 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from simulator.cli import main
-from tests.support import edited, one_line_refusal
+from tests.support import edited, refused
 from topologies.catalog import SERVERS_DIR, load_cluster, load_server
 from topologies.spec import TopologyError
 
 ARGV = ["collective", "--op", "all-reduce", "--bytes", "1e9"]
 
 
-def _refused(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: str) -> str:
-    assert main(argv) == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    return one_line_refusal(captured.err, *needles)
-
-
 @pytest.mark.parametrize("nics", ["3", "5", "12"])
-def test_nics_that_the_gpus_cannot_share_evenly_are_refused(nics: str, tmp_path: Path) -> None:
+def test_nics_that_the_gpus_cannot_share_evenly_arerefused(nics: str, tmp_path: Path) -> None:
     path = edited(SERVERS_DIR / "dgx-h100.toml", "nics_per_node", nics, tmp_path / "s.toml")
     with pytest.raises(TopologyError, match=r"nics_per_node.*divide.*gpus_per_node"):
         load_server(str(path))
@@ -37,12 +29,12 @@ def test_nics_shared_evenly_load(nics: str, tmp_path: Path) -> None:
     assert load_server(str(path)).nics_per_node == int(nics)
 
 
-def test_nvls_on_a_fabric_without_nvswitch_is_refused(
+def test_nvls_on_a_fabric_without_nvswitch_isrefused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # the model ignored it (NVLS needs an NVSwitch) while `tilesim list servers` printed "+nvls"
     path = edited(SERVERS_DIR / "dgx-h100.toml", "fabric", '"pcie"', tmp_path / "s.toml")
-    _refused([*ARGV, "--gpus", "8", "--cluster", str(path)], capsys, "nvls", "nvswitch")
+    refused([*ARGV, "--gpus", "8", "--cluster", str(path)], capsys, "nvls", "nvswitch")
 
 
 @pytest.mark.parametrize("pairs", ["[[0, 8]]", "[[3, 3]]"])
@@ -61,12 +53,12 @@ def test_a_node_without_nics_does_not_ask_for_the_network_it_was_given(
 ) -> None:
     path = edited(SERVERS_DIR / "dgx-h100.toml", "nics_per_node", "0", tmp_path / "s.toml")
     argv = [*ARGV, "--gpus", "16", "--cluster", str(path), "--network", "ib-ndr"]
-    line = _refused(argv, capsys, "nics_per_node", "--gpus 8")
+    line = refused(argv, capsys, "nics_per_node", "--gpus 8")
     assert "pass --network" not in line
 
 
 def test_a_missing_server_file_is_named_as_a_file(capsys: pytest.CaptureFixture[str]) -> None:
-    line = _refused([*ARGV, "--gpus", "8", "--cluster", "no/such/box.toml"], capsys, "box.toml")
+    line = refused([*ARGV, "--gpus", "8", "--cluster", "no/such/box.toml"], capsys, "box.toml")
     assert "no such file" in line
 
 
