@@ -33,8 +33,9 @@ study adds `train_tokens = [N]` and `[[sweep.options]]` tables, one per cluster 
 the user's `price_per_gpu_hour` (US$ per GPU-hour, all-in: cost = GPUs x hours x price) and
 `power_w_per_gpu` (watts per GPU while training, as the user counts it: the board alone, or
 its server's draw over its GPUs with CPUs and NICs; energy = GPUs x power x time, no PUE
-added). `--set TABLE.KEY=VALUE` on `tilesim simulate` and `tilesim sweep` overrides any key
-(`--set run.tp=8`)."""
+added); prices and powers are positive and at most 1e6, the budget at least one optimizer
+step's tokens and at most 1e18, an `id` one line without `|`. `--set TABLE.KEY=VALUE` on
+`tilesim simulate` and `tilesim sweep` overrides any key (`--set run.tp=8`)."""
 
 
 def type_text(annotation: Any) -> str:

@@ -7,7 +7,8 @@ adds ``[[sweep.options]]`` tables (``id``, ``gpu``, ``server``, ``network``, opt
 ``power_w_per_gpu``) and ``train_tokens = [N]`` (one value; the table holds lists). Swept
 values are validated as strictly as ``[run]`` and ``[cluster]`` (an option's cluster keys by
 `ClusterSection` itself); option ids (default: the GPU) must differ, and a repeated GPU count
-is one cluster size. Prices, power and the token budget are finite numbers.
+is one cluster size. Prices, power and the token budget are finite positive numbers up to
+`LIMITS`; the budget is at least one optimizer step's tokens.
 
 Each (option, world size) is a `Context` (resolved `SimInputs`); `simulator.space` crosses the
 contexts with the run-key values into layouts.
@@ -75,23 +76,42 @@ def _gpu_counts(values: Any, where: str) -> list[int]:
     return list(dict.fromkeys(values))
 
 
-def _number(value: Any, where: str, *, positive: bool = False) -> float:
-    """A finite real number (> 0 when ``positive``, else >= 0), or a `ConfigError` naming
-    ``where`` (NaN passes every comparison, so it is refused by name, as is infinity)."""
+# The largest inputs taken: far above any real quote, power draw or training run (Llama 3 took
+# 15e12 tokens), and small enough that GPUs x hours x price stays finite (a 1e308 price made
+# every simulated layout's cost infinite, an error row, after the whole sweep had run).
+LIMITS = {
+    "price_per_gpu_hour": (1e6, "US$ per GPU-hour", "; or leave it out: no cost for the option"),
+    "power_w_per_gpu": (1e6, "W per GPU", "; or leave it out: no energy for the option"),
+    "train_tokens": (1e18, "tokens", ", e.g. [2e12]"),
+}
+
+
+def _number(value: Any, where: str, key: str) -> float:
+    """A finite number > 0 and at most ``LIMITS[key]``, or a `ConfigError` naming ``where``
+    (NaN passes every comparison, so it is refused by name, as is infinity; zero is refused:
+    a price of 0 tied every layout of its option at $0, ranked by key, not by speed)."""
+    most, unit, fix = LIMITS[key]
     ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value < 0 or (positive and value == 0):
-        need = "a finite positive number" if positive else "a finite number >= 0"
-        raise ConfigError(f"{where}: {value!r}; give {need}")
+    if not ok or not math.isfinite(value) or not 0 < value <= most:
+        raise ConfigError(
+            f"{where}: {value!r}; give a finite positive number, at most {most:g} {unit}{fix}"
+        )
     return float(value)
 
 
 def _option_name(opt: dict[str, Any], i: int, base_gpu: str) -> str:
-    """An option's id: its ``id`` (a non-empty string), else its GPU."""
+    """An option's id: its ``id`` (a non-empty line without ``|``), else its GPU."""
     if "id" not in opt:
         return str(opt.get("gpu", base_gpu))
-    if not isinstance(opt["id"], str) or not opt["id"].strip():
-        raise ConfigError(f"sweep.options[{i}].id: {opt['id']!r}; give a non-empty string")
-    return opt["id"]
+    name = opt["id"]
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"sweep.options[{i}].id: {name!r}; give a non-empty string")
+    if "|" in name or not name.isprintable():  # a row of the report's tables split in two
+        raise ConfigError(
+            f"sweep.options[{i}].id: {name!r}; give one line without '|' (it would split the "
+            'report\'s tables), e.g. "h100-rent"'
+        )
+    return name
 
 
 def _options(scenario: Scenario) -> list[tuple[str, dict[str, Any]]]:
@@ -106,7 +126,7 @@ def _options(scenario: Scenario) -> list[tuple[str, dict[str, Any]]]:
             raise ConfigError(f"sweep.options[{i}]: unknown keys {bad}; use {sorted(OPTION_KEYS)}")
         for key in ("price_per_gpu_hour", "power_w_per_gpu"):
             if key in opt:
-                _number(opt[key], f"sweep.options[{i}].{key}")
+                _number(opt[key], f"sweep.options[{i}].{key}", key)
         if "num_gpus" in opt:  # validated once here, de-duplicated for `_contexts`
             opt = {**opt, "num_gpus": _gpu_counts(opt["num_gpus"], f"sweep.options[{i}].num_gpus")}
         name = _option_name(opt, i, scenario.cluster.gpu)
@@ -122,12 +142,22 @@ def _options(scenario: Scenario) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _train_tokens(scenario: Scenario) -> float | None:
+    """The token budget: one number, at least one optimizer step's tokens (a budget of 1 token
+    "trained" in 1e-11 days, under one step, which no run can take)."""
     tokens = scenario.sweep.get("train_tokens")
     if tokens is None:
         return None
     if not isinstance(tokens, list) or len(tokens) != 1:
         raise ConfigError(f"sweep.train_tokens: {tokens!r}; give one token budget, e.g. [2e12]")
-    return _number(tokens[0], "sweep.train_tokens", positive=True)
+    budget = _number(tokens[0], "sweep.train_tokens", "train_tokens")
+    batch, seq = scenario.training.global_batch_size, scenario.model.seq_len
+    if budget < batch * seq:
+        raise ConfigError(
+            f"sweep.train_tokens: {tokens[0]!r} is under one optimizer step (training."
+            f"global_batch_size {batch} x model.seq_len {seq} = {batch * seq:,} tokens); give "
+            "the whole run's tokens, e.g. [2e12]"
+        )
+    return budget
 
 
 CLUSTER_KEYS = ("gpu", "server", "network", "gpus_per_node", "nics_per_node")
