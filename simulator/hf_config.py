@@ -79,10 +79,13 @@ class _Config:
     def __init__(self, raw: Raw, kind: str) -> None:
         self.raw, self.keys = raw, KEYS[kind]
 
-    def int(self, field: str, default: Any = _REQUIRED, *, null_ok: bool = False) -> Any:
+    def int(
+        self, field: str, default: Any = _REQUIRED, *, null_ok: bool = False, positive: bool = False
+    ) -> Any:
         """The field's key, a JSON integer (not a bool, float or string); ``default`` when
         absent, or when ``null`` and ``null_ok`` (keys HF itself reads ``null`` as "the
-        default" for)."""
+        default" for). ``positive``: a value under 1 is refused by this key (an explicit 0
+        is not "the default"; Hugging Face keeps it)."""
         key = self.keys.get(field, field)
         if key not in self.raw or (null_ok and self.raw[key] is None):
             if default is _REQUIRED:
@@ -91,6 +94,9 @@ class _Config:
         value = self.raw[key]
         if type(value) is not int:
             raise _BadValueError(key, f"must be a JSON integer, got {json.dumps(value)}")
+        if positive and value < 1:
+            fix = "give at least 1" if default is _REQUIRED else "give at least 1 or leave it out"
+            raise _BadValueError(key, f"must be at least 1, got {value}; {fix}")
         return value
 
     def flag(self, field: str, default: bool) -> bool:
@@ -158,10 +164,11 @@ def _bert(raw: Raw) -> Raw:
 
 def _switch(raw: Raw) -> Raw:
     c = _Config(raw, "switch_transformers")
-    encoder_layers = c.int("num_encoder_layers")
+    encoder_layers = c.int("num_encoder_layers", positive=True)
+    decoder_layers = c.int("num_layers", None, null_ok=True, positive=True)
     return {
         "architecture": "switch",
-        "num_layers": c.int("num_layers", None, null_ok=True) or encoder_layers,
+        "num_layers": encoder_layers if decoder_layers is None else decoder_layers,
         "num_encoder_layers": encoder_layers,
         "hidden_size": c.int("hidden_size"),
         "ffn_hidden_size": c.int("ffn_hidden_size"),
@@ -188,8 +195,8 @@ def _llama(raw: Raw) -> Raw:
         "hidden_size": c.int("hidden_size"),
         "ffn_hidden_size": c.int("ffn_hidden_size"),
         "num_heads": c.int("num_heads"),
-        "num_kv_heads": c.int("num_kv_heads", 0, null_ok=True),
-        "head_dim": c.int("head_dim", 0, null_ok=True),
+        "num_kv_heads": c.int("num_kv_heads", 0, null_ok=True, positive=True),
+        "head_dim": c.int("head_dim", 0, null_ok=True, positive=True),
         "vocab_size": c.int("vocab_size"),
         "max_positions": c.int("max_positions", 4096),
         "activation": "swiglu",

@@ -22,10 +22,12 @@ import json
 import math
 import re
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from forecast.kernels import OpFamily
+from simulator.errors import ConfigError
 
 # Module path of the traced model's one transformer layer (GPT-2/GPT-3-style, BERT, OPT).
 LAYER0 = re.compile(r"'(transformer\.h|bert\.encoder\.layer|model\.decoder\.layers)\.0'")
@@ -134,6 +136,26 @@ def _linear_dims(row: Mapping[str, str]) -> tuple[int, int, int, int]:
     return 1, math.prod(x[:-1]), x[-1], w[1] if w[0] == x[-1] else w[0]
 
 
+@contextmanager
+def _rows(path: Path) -> Iterator[Iterator[dict[str, str]]]:
+    """The rows of a gzipped trace CSV; a file that is not one (not gzip, truncated, a column
+    missing, a time or shape that does not parse) is one `ConfigError` naming it."""
+    try:
+        with gzip.open(path, "rt", newline="") as f:
+            yield csv.DictReader(f)
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error, KeyError, ValueError) as e:
+        why = f"no column {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+        raise ConfigError(
+            f"{path}: not a NeuSight per-op trace ({why}); give the NeuSight data folder "
+            "with --data"
+        ) from e
+    except (SyntaxError, IndexError, TypeError) as e:  # literal_eval and shape lists
+        raise ConfigError(
+            f"{path}: a row's shapes do not parse ({type(e).__name__}); give the NeuSight "
+            "data folder with --data"
+        ) from e
+
+
 TABLED = (OpFamily.LINEAR.value, OpFamily.SOFTMAX.value, OpFamily.LAYERNORM.value)
 
 
@@ -142,8 +164,8 @@ def trace_kernels(path: Path) -> list[tuple[str, tuple[int, ...], float]]:
     family, dims (``(1, M, N, K)`` or rows and width ``(B, H)``; the models normalise over
     the last dimension) and forward call time, ms."""
     out = []
-    with gzip.open(path, "rt", newline="") as f:
-        for row in csv.DictReader(f):
+    with _rows(path) as rows:
+        for row in rows:
             fam = row_family(row)
             ms = float(row["fw_latency"] or 0.0)
             if fam not in TABLED or ms <= 0:
@@ -161,8 +183,8 @@ def trace_backward_ms(path: Path, calls: frozenset[str]) -> list[tuple[tuple[int
     """Rows of a trace that call one of ``calls`` (`row_call`) and have a backward time: the
     first input as ``(rows, width)`` and the backward ms."""
     out = []
-    with gzip.open(path, "rt", newline="") as f:
-        for row in csv.DictReader(f):
+    with _rows(path) as rows:
+        for row in rows:
             ms = float(row["bw_latency"] or 0.0)
             if ms > 0 and row_call(row) in calls:
                 x = json.loads(row["input_shapes"])[0]
@@ -179,8 +201,8 @@ def trace_family_ms(path: Path, num_layers: int) -> dict[str, float] | None:
         return None
     layer: dict[str, float] = defaultdict(float)
     rest: dict[str, float] = defaultdict(float)
-    with gzip.open(path, "rt", newline="") as f:
-        for row in csv.DictReader(f):
+    with _rows(path) as rows:
+        for row in rows:
             t = sum(float(row[k] or 0.0) for k in ("fw_latency", "bw_latency", "acc_latency"))
             into = layer if num_layers > 0 and LAYER0.search(row["meta"]) else rest
             into[row_family(row)] += t

@@ -5,7 +5,8 @@ kwargs)`` (a tuple or list of positional inputs, a dict of keyword inputs); it r
 ``torch.device("meta")``, so building even a large model allocates nothing. The traced
 blocks (`module_trace`) go through the same expansion (`opgraph.ops_from_blocks`) and
 forecast (`e2e.graph_result`) as the analytic builders. Every failure of the user's code
-becomes one `ConfigError` line.
+becomes one `ConfigError` line, and what it prints goes to stderr (stdout is the forecast's,
+one JSON object a run under ``--json``).
 
 Memory estimate (the analytic builders' closed form needs a `ModelSpec`, which a module lacks):
 
@@ -20,6 +21,7 @@ Memory estimate (the analytic builders' closed form needs a `ModelSpec`, which a
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -138,7 +140,8 @@ def predict_module(
     spec: str, gpu: GPUSpec, run: Workload, latency_model: LatencyModel
 ) -> tuple[E2EResult, dict[str, int]]:
     """The ``tilesim predict`` result for a traced module, and its unmapped aten ops."""
-    trace = trace_builder(spec, run)
+    with contextlib.redirect_stdout(sys.stderr):  # the user's prints (module docstring)
+        trace = trace_builder(spec, run)
     run = run.model_copy(update={"dtype": trace.dtype})
     graph = ops_from_blocks(trace.blocks, run)
     return graph_result(graph, gpu, latency_model, module_memory(trace, run, gpu)), trace.unmapped
