@@ -7,10 +7,13 @@ the optimizer come from the same rules as the analytic inventories (`opgraph.ops
 expands them).
 
 A trainable parameter's gradient and optimizer state are charged once, to the first op that
-reads it (or a view of it): tied weights are not counted twice; frozen ones
-(``requires_grad=False``) not at all. Backward kernels follow autograd: an op none of whose
-inputs depends on a trainable parameter (or an input that requires grad) has none, and a
-GEMM computes the gradient of an operand (``dA``, ``dB``, the bias's) only when it needs one.
+reads it (or a view of it) with grad mode on: tied weights are not counted twice; frozen ones
+(``requires_grad=False``), and those read only under ``torch.no_grad()``, not at all (they get
+no ``.grad``, and Adam skips them). Backward kernels follow autograd: an op none of whose
+inputs depends on a trainable parameter (or an input that requires grad) has none, nor has an
+op run under ``torch.no_grad()``, or one whose outputs never reach the module's outputs (a
+``detach`` cuts the chain); a GEMM computes the gradient of an operand (``dA``, ``dB``, the
+bias's) only when it needs one.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ class ModuleTrace:
     blocks: tuple[Block, ...]
     unmapped: dict[str, int]
     num_params: int
-    trainable_params: int  # of num_params, those with requires_grad (gradient, Adam state)
+    trainable_params: int  # of num_params, those that get a gradient (and Adam state)
     param_bytes: int
     dtype: Dtype
     kernel_out_bytes: int  # bytes written by all forward kernels
@@ -58,6 +61,7 @@ class _Recorder(TorchDispatchMode):
         super().__init__()
         self.params = params
         self.calls: list[Call] = []
+        self.grad_on: list[bool] = []  # grad mode at each call (``torch.no_grad()`` blocks)
         self.root = {i: i for i in params}  # id(parameter or a view of it) -> id(parameter)
 
     def __torch_dispatch__(
@@ -70,6 +74,7 @@ class _Recorder(TorchDispatchMode):
         if call.op in VIEW_OPS and first and id(first[0]) in self.root:
             self.root.update({id(t): self.root[id(first[0])] for t in outs})
         self.calls.append(call)  # keeps the meta tensors alive, so their ids stay unique
+        self.grad_on.append(torch.is_grad_enabled() and call.op != "detach")
         return out
 
 
@@ -119,18 +124,31 @@ def _backward(fop: FrameworkOp, call: Call, needs: list[bool]) -> FrameworkOp:
     return replace(fop, bw=tuple(k for k, on in zip(fop.bw, keep, strict=False) if on))
 
 
+def _reaching(rec: _Recorder, outputs: list[torch.Tensor]) -> set[int]:
+    """Ids of the tensors the module's outputs depend on through grad-mode calls: the ones a
+    backward from the outputs visits."""
+    live = {id(t) for t in outputs}
+    for call, grad_on in zip(reversed(rec.calls), reversed(rec.grad_on), strict=True):
+        if grad_on and any(id(t) in live for t in call.outs):
+            live.update(id(t) for t in call_tensors(call))
+    return live
+
+
 def _blocks(
-    rec: _Recorder, default: Dtype, grad: set[int]
-) -> tuple[tuple[Block, ...], Counter[str], list[int]]:
-    """The traced block; ``grad`` holds the ids of the tensors that need a gradient and
-    grows with the outputs of every op that reads one."""
+    rec: _Recorder, default: Dtype, grad: set[int], live: set[int]
+) -> tuple[tuple[Block, ...], Counter[str], list[int], set[int]]:
+    """The traced block, unmapped ops, output bytes and the ids of the parameters that get a
+    gradient; ``grad`` holds the ids of the tensors that need a gradient and grows with the
+    outputs of every op that reads one with grad mode on; ``live`` (`_reaching`) the ids of
+    those a backward from the outputs visits."""
     fops: list[FrameworkOp] = []
     unmapped: Counter[str] = Counter()
     out_bytes: list[int] = []
     claimed: set[int] = set()
     host = 0
-    for i, call in enumerate(rec.calls):
-        needs = [id(t) in grad for t in call_tensors(call)]
+    for i, (call, grad_on) in enumerate(zip(rec.calls, rec.grad_on, strict=True)):
+        grad_on = grad_on and any(id(t) in live for t in call.outs)
+        needs = [grad_on and id(t) in grad for t in call_tensors(call)]
         if any(needs):
             grad.update(id(t) for t in call.outs)
         if call.op in VIEW_OPS or not call.outs:
@@ -139,9 +157,9 @@ def _blocks(
         out = call.outs[0]
         dt = DTYPES.get(out.dtype, default)
         roots = [rec.root[id(t)] for t in call_tensors(call) if id(t) in rec.root]
-        trainable = [p for p in dict.fromkeys(roots) if rec.params[p].requires_grad]
+        trainable = [p for p in dict.fromkeys(roots) if rec.params[p].requires_grad and grad_on]
         new = [rec.params[p] for p in trainable if p not in claimed]
-        claimed.update(roots)
+        claimed.update(trainable)
         rule = lookup_rule(call.op)
         fop = None if rule is None else RULES[rule](f"{call.op}_{i}", call, dt, bool(roots))
         if fop is None:
@@ -150,7 +168,7 @@ def _blocks(
         assert fop is not None
         fops.append(_backward(_charge_params(fop, new), call, needs))
         out_bytes.append(sum(t.numel() * t.element_size() for t in call.outs))
-    return (Block("module", tuple(fops), 1, host_ops=host),), unmapped, out_bytes
+    return (Block("module", tuple(fops), 1, host_ops=host),), unmapped, out_bytes, claimed
 
 
 def trace_module(
@@ -167,7 +185,8 @@ def trace_module(
     params: dict[int, torch.Tensor] = {id(p): p for p in module.parameters()}
     rec = _Recorder(params)
     with torch.set_grad_enabled(train), _NativeDropout(), rec:
-        module(*args, **kwargs)
+        result = module(*args, **kwargs)
+    outputs = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
     inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
     grad = {i for i, p in params.items() if p.requires_grad}
     grad |= {id(t) for t in inputs if t.requires_grad}
@@ -175,12 +194,12 @@ def trace_module(
     # the dtype of most parameter tensors; a tie goes to the first in DTYPES (not to a set's
     # order, which changes from process to process with torch.dtype's hash)
     dtype = DTYPES[max(DTYPES, key=lambda d: counts[d])] if counts else Dtype.FP32
-    blocks, unmapped, out_bytes = _blocks(rec, dtype, grad)
+    blocks, unmapped, out_bytes, stepped = _blocks(rec, dtype, grad, _reaching(rec, outputs))
     return ModuleTrace(
         blocks=blocks,
         unmapped=dict(sorted(unmapped.items())),
         num_params=sum(p.numel() for p in params.values()),
-        trainable_params=sum(p.numel() for p in params.values() if p.requires_grad),
+        trainable_params=sum(params[i].numel() for i in stepped),
         param_bytes=sum(p.numel() * p.element_size() for p in params.values()),
         dtype=dtype,
         kernel_out_bytes=sum(out_bytes),

@@ -175,6 +175,20 @@ class Frozen(nn.Module):
         return self.base(x) + self.b(self.a(x))
 
 
+class NoGrad(nn.Module):
+    # a frozen feature extractor the usual ways: under torch.no_grad(), then detach()
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Linear(64, 128)
+        self.mid = nn.Linear(128, 128)
+        self.head = nn.Linear(128, 64, bias=False)
+
+    def forward(self, x):
+        with torch.no_grad():
+            h = self.enc(x)
+        return self.head(torch.relu(self.mid(h)).detach()) + self.head(h)
+
+
 class NoParams(nn.Module):
     def forward(self, x):
         return torch.softmax(x, -1)
@@ -208,6 +222,7 @@ def args_and_kwargs(b, s): return TwoOut(), (x(b, s),), {"scale": 2.0}
 def bare_tensor(b, s): return TwoOut(), x(b, s)
 def frozen(b, s): return Frozen(), (x(b, s),)
 def no_params(b, s): return NoParams(), (x(b, s),)
+def no_grad(b, s): return NoGrad(), (x(b, s),)
 def torch_dropout(b, s): return TorchDropout(), (x(b, s, 16),)
 """
 
@@ -361,6 +376,21 @@ def test_frozen_weights_get_no_gradient_and_no_optimizer_state(modules: Path) ->
     assert _fma_flops(graph, Phase.BACKWARD) == a + 2 * b
     assert _stepped_params(trace) == 64 * 4 + 4 * 64
     assert trace.num_params == 64 * 64 + 64 + 2 * 256
+
+
+def test_no_grad_and_detach_get_no_backward_and_no_optimizer_state(modules: Path) -> None:
+    """What runs under ``torch.no_grad()`` (enc) or only feeds a ``detach()`` (mid) has no
+    backward kernel and its weights no gradient: the step stays the head's weight gradients
+    (read twice, charged once), as autograd runs it. Before, enc and mid were priced with
+    both gradients and Adam state."""
+    trace, graph = _trace(modules, "no_grad")
+    enc, mid, head = 2 * T * 64 * 128, 2 * T * 128 * 128, 2 * T * 128 * 64
+    assert _fma_flops(graph, Phase.FORWARD) == enc + mid + 2 * head
+    assert _fma_flops(graph, Phase.BACKWARD) == 2 * head  # dW of each read, no dX
+    assert _stepped_params(trace) == 128 * 64
+    assert trace.trainable_params == 128 * 64
+    backward = [op.name for op in graph.ops if op.phase is Phase.BACKWARD]
+    assert not [n for n in backward if "relu" in n or "add" in n]  # relu's would feed only mid
 
 
 def test_frozen_weights_memory(modules: Path) -> None:
