@@ -26,9 +26,11 @@ from simulator.report import (
     amount_text,
     best_per_context,
     hardware_text,
+    lacking_column,
     layout_label,
     procurement_entries,
     rank,
+    unranked_contexts,
 )
 from simulator.rows import Row
 
@@ -104,6 +106,13 @@ def plot_top_layouts(
         "(bubble: a GPU's mean idle share)"
     )
     what = f"Top {len(top)} layouts by {RANKING_NAMES[by]} (best at the top)"
+    # options whose layouts lack the ranking's column (no price under --rank cost) are not
+    # among them: say so, or a partly priced study's figure reads as if they lost
+    need = lacking_column(by)
+    lacking = {c for c, (short, _) in unranked_contexts(rows, by).items() if short == need}
+    left_out = sorted({r["option"] for r in rows if r["context"] in lacking})
+    if left_out:
+        what += f"\n{', '.join(left_out)} not ranked: {need}"
     ax.set_title(titled(rows, what, study))
     # a fixed 40 points below the axes, under the tick labels and the x label: a fraction of
     # the axes' height lay over the x label when few layouts made the axes short

@@ -47,6 +47,11 @@ def best_per_context(rows: Sequence[Row], by: str = "tokens") -> list[Row]:
     return sorted(best.values(), key=lambda r: (r["option"], r["num_gpus"]))
 
 
+def lacking_column(by: str) -> str:
+    """What a context's simulated rows lack when they cannot be ranked ``by``."""
+    return "no price_per_gpu_hour" if by == "cost" else "no sweep.train_tokens"
+
+
 def unranked_contexts(rows: Sequence[Row], by: str = "tokens") -> dict[str, tuple[str, str]]:
     """Each context of ``rows`` without a ranked layout -> (short, long) reason: none of its
     layouts fits (the long reason: the one needing the least memory), none that fits was
@@ -64,7 +69,7 @@ def unranked_contexts(rows: Sequence[Row], by: str = "tokens") -> dict[str, tupl
             key=lambda r: (r["memory_gib_per_gpu"] is None, r["memory_gib_per_gpu"], r["key"]),
         )
         if any(r["tier"] == "simulate" and r["status"] == "ok" for r in rs):
-            need = "no price_per_gpu_hour" if by == "cost" else "no sweep.train_tokens"
+            need = lacking_column(by)
             out[ctx] = (need, f"not ranked by {RANKING_NAMES[by]}: {need}")
         elif any(r["status"] == "ok" for r in rs):
             out[ctx] = ("not simulated", "no fitting layout simulated; raise --per-context")

@@ -197,3 +197,21 @@ def test_the_top_layouts_figure_shows_the_amount_it_is_ranked_by(
         labels = [t.get_text() for t in drawn.pop().axes[0].get_yticklabels()]
         best = rank(rows, by)[0]
         assert labels[-1].endswith(f", {amount_text(best[col] * scale)} {unit})")  # top bar
+
+
+def test_a_partly_priced_study_ranked_by_cost_names_the_unpriced_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tilesim plot DIR --rank cost` on a study with one option unpriced drew "Top layouts
+    by cost" from the priced options alone: the unpriced one vanished without a word. The
+    title now names it and why (as the report's table does)."""
+    unpriced = CHEAP_VS_FAST.replace("price_per_gpu_hour = 1.0\n", "")
+    rows = load_rows(_sweep(tmp_path, unpriced))  # ranked by tokens: no price needed
+    drawn: list[Any] = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(fig) or path)
+    plots.plot_top_layouts(rows, tmp_path / "t.png", by="cost")
+    title = drawn.pop().axes[0].get_title()
+    assert title.endswith("\ncheap not ranked: no price_per_gpu_hour")
+    assert {r["option"] for r in rank(rows, "cost")} == {"fast"}
+    plots.plot_top_layouts(rows, tmp_path / "t.png", by="tokens")
+    assert "not ranked" not in drawn.pop().axes[0].get_title()
