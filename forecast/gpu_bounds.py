@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 from forecast.kernels import Dtype
 
-if TYPE_CHECKING:  # gpus.py imports this module
-    from forecast.gpus import GPUSpec
+if TYPE_CHECKING:  # gpu_sheet.py and gpus.py import this module
+    from forecast.gpu_spec import GPUSpec
 
 # upper bounds, about 300x or more the largest GPU of the catalog (MI300X: 304 CUs, 5.3 TB/s)
 LIMITS: dict[str, float] = {
