@@ -44,7 +44,9 @@ sequence-parallel all-gathers, which TE quantizes first: ``A / 2``, `te_gather_b
 * DP over the dp x cp group: gradients (fp32 main grads for fp32/bf16/fp8, 16-bit for fp16):
   all-reduce, or reduce-scatter plus an all-gather of the updated 16-bit parameters when the
   optimizer is sharded (ZeRO-1/2, distributed optimizer); ZeRO-3 gathers parameters before
-  every forward and backward and reduce-scatters gradients after every backward. Expert
+  every forward and backward and reduce-scatters gradients after every backward, and so does
+  ZeRO-2 with more than one micro-batch (it keeps only its share of the gradients:
+  `stepcosts.scatters_every_backward`). Expert
   parameters (MoE) are their own buffer, reduced and gathered over the expert-data-parallel
   group instead: the dp x cp / ep ranks that hold the same experts (Megatron-LM's
   ``expert_data_parallel_group``), so each DP collective below is one over each group.

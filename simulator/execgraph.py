@@ -25,7 +25,9 @@ Schema (node id -> attributes; every node has ``kind``, ``stage``, ``stream`` an
 * ``("G", stage, phase, chunk, micro)`` / ``("R", stage, chunk, micro)``: ZeRO-3 parameter
   all-gather before each task and gradient reduce-scatter after each backward, on one
   ``stream="dp"`` (they share the links): the next task's gather runs before this backward's
-  scatter (prefetched one task ahead, FSDP's backward prefetch).
+  scatter (prefetched one task ahead, FSDP's backward prefetch). ZeRO-2 with more than one
+  micro-batch has the reduce-scatters alone: a rank keeps only its share of the gradients, so
+  each backward's are reduced before the next accumulates (DeepSpeed, FSDP SHARD_GRAD_OP).
 * ``("O", stage)``: ``kind="optimizer"``, ``stream="compute"``; the optimizer step.
 * ``("A", stage)``: ``comm="dp"``; all-gather of updated parameters (sharded optimizer).
 
@@ -67,9 +69,11 @@ class Shape:
     m: int
     pieces: int  # of a chunk's last backward: buckets when reduction overlaps backward
     overlap_grad_reduce: bool
-    zero3: tuple[bool, ...]  # per stage: ZeRO-3 gathers and scatters present
+    zero3: tuple[bool, ...]  # per stage: ZeRO-3 gathers present
     param_gather: tuple[bool, ...]  # per stage: parameter all-gather after the optimizer
     blocking_sends: bool = False  # a send holds its stage's compute stream
+    # per stage: a gradient reduce-scatter after every backward (ZeRO-3; ZeRO-2 accumulating)
+    scatters: tuple[bool, ...] = ()
 
     @classmethod
     def of(cls, costs: StepCosts) -> Shape:
@@ -85,6 +89,7 @@ class Shape:
             zero3=tuple(any(c.zero3_gather_s > 0 for c in row) for row in costs.chunks),
             param_gather=tuple(t > 0 for t in costs.param_gather_s),
             blocking_sends=costs.blocking_sends,
+            scatters=tuple(any(c.zero3_scatter_s > 0 for c in row) for row in costs.chunks),
         )
 
 
@@ -130,7 +135,8 @@ def exec_graph(shape: Shape) -> nx.DiGraph:
     _add_pipeline_edges(g, shape, ends)
     for s, order in enumerate(orders):
         last = ends[(order[-1].phase, s, order[-1].chunk, order[-1].micro)][1]
-        comm = _add_zero3(g, s, order, ends) if shape.zero3[s] else []
+        per_task = shape.zero3[s] or (bool(shape.scatters) and shape.scatters[s])
+        comm = _add_zero3(g, s, order, ends, gathers=shape.zero3[s]) if per_task else []
         comm += _add_grad_sync(g, shape, s, order, last)
         _chain(g, comm)
         opt = ("O", s)
@@ -210,15 +216,18 @@ def _add_pipeline_edges(g: nx.DiGraph, shape: Shape, ends: dict[Node, Ends]) -> 
     g.add_edges_from(edges)
 
 
-def _add_zero3(g: nx.DiGraph, s: int, order: Sequence[Slot], ends: dict[Node, Ends]) -> list[Node]:
-    """ZeRO-3's gathers and scatters of one stage, in the order its ``dp`` stream runs them:
-    the next task's gather before this backward's scatter (FSDP's backward prefetch). One
-    stream: they share the stage's links (on two streams each ran at the links' full speed)."""
+def _add_zero3(
+    g: nx.DiGraph, s: int, order: Sequence[Slot], ends: dict[Node, Ends], *, gathers: bool
+) -> list[Node]:
+    """ZeRO-3's gathers (``gathers``) and ZeRO-2's or -3's scatters of one stage, in the order
+    its ``dp`` stream runs them: the next task's gather before this backward's scatter (FSDP's
+    backward prefetch). One stream: they share the stage's links (on two streams each ran at
+    the links' full speed)."""
     stream: list[Node] = []
     for k, slot in enumerate(order):
-        if k == 0:
+        if gathers and k == 0:
             stream.append(_zero3_gather(g, s, slot, ends))
-        if k + 1 < len(order):
+        if gathers and k + 1 < len(order):
             stream.append(_zero3_gather(g, s, order[k + 1], ends))
         if slot.phase == "B":
             red = ("R", s, slot.chunk, slot.micro)

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from simulator.dist_memory import MemoryBreakdown
+from simulator.execgraph import Node
 from simulator.models import ModelSpec
 from simulator.parallel import Layout
 from simulator.scheduler import Timeline, critical_path
@@ -83,10 +84,9 @@ def _flops(info: StepInfo) -> tuple[float, float]:
     return model, model + recompute * tokens
 
 
-def _exposed(t: Timeline) -> dict[str, float]:
+def _exposed(t: Timeline, path: list[Node]) -> dict[str, float]:
     out = {"tp": 0.0, "cp": 0.0, "ep": 0.0, "pp": 0.0, "dp": 0.0}
     nodes, edges = t.graph.nodes, t.graph.edges
-    path = critical_path(t)
     for n in path:
         a = nodes[n]
         if a["kind"] == "compute":
@@ -101,12 +101,18 @@ def _exposed(t: Timeline) -> dict[str, float]:
     return out
 
 
-def _phases(t: Timeline) -> tuple[float, float, float]:
-    """(forward-backward end, optimizer time, mean idle fraction of compute streams)."""
+def _phases(t: Timeline, path: list[Node] | None = None) -> tuple[float, float, float]:
+    """(forward-backward end, optimizer time, mean idle fraction of compute streams). The
+    optimizer's is the step's on the critical ``path`` (the stage whose update ends the step),
+    so that compute, exposed communication and optimizer add up to the step; the slowest
+    stage's was reported, which a stage that ends earlier can hold (Llama's last stage: the
+    head and the final norm outweigh stage 0's embedding)."""
     end, dur = t.end, t.duration
     fb_end = [max(end[i] for i in idx) for idx in t.plan.compute]
     busy = [sum(dur[i] for i in idx) for idx in t.plan.compute]
-    opt = max((dur[i] for i in t.plan.optimizer), default=0.0)
+    nodes = t.graph.nodes
+    on_path = critical_path(t) if path is None else path
+    opt = sum(t.step.duration_s(n) for n in on_path if nodes[n]["kind"] == "optimizer")
     span = max(fb_end)
     bubble = sum(1.0 - b / span for b in busy) / len(busy)
     return span, opt, bubble
@@ -115,7 +121,8 @@ def _phases(t: Timeline) -> tuple[float, float, float]:
 def summarize(t: Timeline, info: StepInfo) -> StepResult:
     """Step time, breakdown, throughput and memory of one simulated layout."""
     iteration = t.makespan_s
-    fb, opt, bubble = _phases(t)
+    path = critical_path(t)
+    fb, opt, bubble = _phases(t, path)
     model_flops, hw_flops = _flops(info)
     per_gpu = iteration * info.num_gpus
     return StepResult(
@@ -128,7 +135,7 @@ def summarize(t: Timeline, info: StepInfo) -> StepResult:
         hfu=hw_flops / per_gpu / info.peak_flops_per_s,
         tokens_per_s=info.global_batch_size * info.seq_len / iteration,
         bubble_fraction=bubble,
-        exposed_comm_s=_exposed(t),
+        exposed_comm_s=_exposed(t, path),
         memory_gib_per_gpu=info.memory.total_bytes / GIB,
         fits=info.memory.fits,
         reason=info.memory.reason,

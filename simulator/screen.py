@@ -18,7 +18,8 @@ paced by its own slowest stage (`pipeline_forms.forward_backward_s`). The DP gra
 hides, all but its last bucket, behind the last backward when it overlaps;
 the sharded optimizer's parameter all-gather and the optimizer step are added. ZeRO-3's
 gathers and scatters share one stream that hides under compute but for its first gather and
-last scatter, or sets the pace (`_with_zero3_s`); ``deepspeed-2021`` ZeRO-3 blocks each
+last scatter, or sets the pace (`_with_zero3_s`), and so do ZeRO-2's scatters after every
+backward when it accumulates over micro-batches; ``deepspeed-2021`` ZeRO-3 blocks each
 micro-batch on them (`comm.zero3_blocking_s`). Memory is `dist_memory`'s, with
 the schedule's in-flight micro-batches in closed form (`pipeline_forms.in_flight_closed`).
 
@@ -49,6 +50,7 @@ from simulator.simulate import layout_of
 from simulator.stagecost import BlockTimes, block_times, shard_kernels
 from simulator.stepcosts import (
     optimizer_params,
+    scatters_every_backward,
     stage_expert_params,
     stage_params,
     tp_bw_exposed_s,
@@ -182,10 +184,14 @@ def _with_zero3_s(
     """The forward-backward span ``fb`` with ZeRO-3 (``fsdp``): its stream gathers before
     each forward and backward of every chunk and reduce-scatters after each backward, one
     stream sharing the links (as in the execution graph); it hides under compute but for the
-    first gather and the last scatter, or sets the pace when it is the busier."""
-    if layout.run.zero_stage < 3 or layout.run.zero3_blocks:
+    first gather and the last scatter, or sets the pace when it is the busier. ZeRO-2
+    accumulating over micro-batches runs the scatters alone (`scatters_every_backward`)."""
+    zero2 = scatters_every_backward(layout)  # ZeRO-2's reduce-scatters alone
+    if (layout.run.zero_stage < 3 and not zero2) or layout.run.zero3_blocks:
         return fb
     ends = [_zero3_gather_scatter_s(cache, layout, p) for p in params]
+    if zero2:
+        ends = [(0.0, r) for _, r in ends]
     stream = layout.num_micro_batches * layout.chunks * max(2 * g + r for g, r in ends)
     return max(fb + max(g + r for g, r in ends), stream)
 
@@ -202,11 +208,13 @@ def _dp_s(
         return 0.0  # on the compute stream: `_zero3_blocking_s`
     if run.zero_stage >= 3:
         return 0.0  # in the forward-backward span: `_with_zero3_s`
-    op = "reduce-scatter" if run.shards_optimizer else "all-reduce"
-    n = layout.chunks * grad_buckets(layout)  # as `comm.grad_sync_s`, over every chunk
-    grad = n * cache.dp_both(op, params, gb, n, layout)
-    hidden = min(grad, backward_s) * (1 - 1 / run.buckets) if run.overlap_grad_reduce else 0.0
-    exposed = grad - hidden
+    exposed = 0.0  # ZeRO-2 accumulating: reduced after every backward, `_with_zero3_s`
+    if not scatters_every_backward(layout):
+        op = "reduce-scatter" if run.shards_optimizer else "all-reduce"
+        n = layout.chunks * grad_buckets(layout)  # as `comm.grad_sync_s`, over every chunk
+        grad = n * cache.dp_both(op, params, gb, n, layout)
+        overlap = run.overlap_grad_reduce
+        exposed = grad - (min(grad, backward_s) * (1 - 1 / run.buckets) if overlap else 0.0)
     if run.shards_optimizer:  # as `comm.param_gather_exposed_s`
         k = param_gather_buckets(layout)
         exposed += cache.dp_both("all-gather", params, pb, k, layout)

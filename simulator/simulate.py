@@ -23,7 +23,7 @@ from simulator.scenario import SimInputs
 from simulator.scheduler import Timeline, compile_plan, schedule
 from simulator.schedules import in_flight, stage_orders
 from simulator.stagecost import kernels_for
-from simulator.stepcosts import stage_params, step_costs
+from simulator.stepcosts import scatters_every_backward, stage_params, step_costs
 
 
 def latency_table(inputs: SimInputs, runs: list[RunConfig]) -> LatencyTable:
@@ -56,10 +56,12 @@ MAX_GRAPH_NODES = 200_000
 def graph_nodes(layout: Layout) -> int:
     """An upper bound of the nodes of ``layout``'s execution graph (`execgraph` schema): per
     stage and model chunk a forward and a backward task per micro-batch (ZeRO-3: and a
-    gather per task, a reduce-scatter per backward), the last backward cut into ``buckets``
-    pieces and one reduction per bucket; per stage the optimizer step and its all-gather."""
+    gather per task, a reduce-scatter per backward; ZeRO-2 accumulating: the reduce-scatter),
+    the last backward cut into ``buckets`` pieces and one reduction per bucket; per stage the
+    optimizer step and its all-gather."""
     run, m = layout.run, layout.num_micro_batches
-    tasks = 2 * m + (3 * m if run.zero_stage >= 3 else 0)
+    per_backward = m if scatters_every_backward(layout) else 0  # ZeRO-2's reduce-scatters
+    tasks = 2 * m + (3 * m if run.zero_stage >= 3 else per_backward)
     return run.pp * layout.chunks * (tasks + 2 * run.buckets) + 2 * run.pp
 
 

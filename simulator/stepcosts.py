@@ -102,7 +102,17 @@ def _with_dp(
         gather = dp_param_gather_s(total, inputs, layout, expert)
         scatter = dp_grad_s(total, inputs, layout, expert)
         return replace(c, zero3_gather_s=gather, zero3_scatter_s=scatter)
+    if scatters_every_backward(layout):
+        return replace(c, zero3_scatter_s=dp_grad_s(total, inputs, layout, expert))
     return replace(c, grad_sync_s=grad_sync_s(total, inputs, layout, expert))
+
+
+def scatters_every_backward(layout: Layout) -> bool:
+    """ZeRO-2 accumulating over micro-batches: a rank keeps only its 1/dp share of the
+    gradients (`dist_memory`), so each backward's gradients are reduce-scattered before the
+    next micro-batch adds to them (DeepSpeed's stage 2, FSDP's SHARD_GRAD_OP), not once a step
+    as ZeRO-1 reduces its full gradient buffer."""
+    return layout.run.zero_stage == 2 and layout.num_micro_batches > 1
 
 
 def step_costs(inputs: SimInputs, layout: Layout, table: LatencyTable) -> StepCosts:

@@ -37,7 +37,7 @@ def event_name(node: Node, *, chunks: int = 1, cut: bool = False) -> str:
     if kind == "G":
         return f"zero3 all-gather for {_PHASE[node[2]]} mb{node[4]}{_chunk(node[3], chunks)}"
     if kind == "R":
-        return f"zero3 reduce-scatter mb{node[3]}{_chunk(node[2], chunks)}"
+        return f"zero reduce-scatter mb{node[3]}{_chunk(node[2], chunks)}"  # ZeRO-2 or 3
     if kind == "A":
         return "dp parameter all-gather"
     if kind == "O":

@@ -16,7 +16,7 @@ from simulator.errors import ConfigError
 from simulator.models import load_model
 from simulator.parallel import RunConfig
 from simulator.scenario import SimInputs, load_scenario, resolve
-from simulator.screen import ScreenCache, _dp_s
+from simulator.screen import ScreenCache, _dp_s, _zero3_gather_scatter_s
 from simulator.shard_params import chunk_params
 from simulator.simulate import latency_table, layout_of, simulate
 from simulator.stagecost import block_times, shard_kernels
@@ -92,7 +92,9 @@ def test_expert_gradients_reduce_over_the_expert_data_parallel_group() -> None:
 def test_screen_reduces_expert_gradients_as_the_simulation_does(zero: int) -> None:
     """The screen's DP tail (no overlap, one chunk) is the simulation's gradient reduction plus
     the sharded optimizer's parameter all-gather, each one collective over the dense ranks
-    and one over the expert-data-parallel group."""
+    and one over the expert-data-parallel group. ZeRO-2 accumulating over micro-batches runs
+    the reduction after every backward instead (`stepcosts.scatters_every_backward`): the
+    same collective, priced per backward, and only the all-gather is left in the tail."""
     inputs, lay = _moe_layout(ep=2, zero=zero, overlap_grad_reduce=False)
     table = latency_table(inputs, [lay.run])
     costs = step_costs(inputs, lay, table)
@@ -103,9 +105,12 @@ def test_screen_reduces_expert_gradients_as_the_simulation_does(zero: int) -> No
         want += collective_s("reduce-scatter", e * 4, edp, cl)
         want += collective_s("all-gather", (p - e) * 2, dp, cl)
         want += collective_s("all-gather", e * 2, edp, cl)
-        sim = costs.chunks[s][0].grad_sync_s + costs.param_gather_s[s]
+        chunk = costs.chunks[s][0]
+        sim = chunk.grad_sync_s + chunk.zero3_scatter_s + costs.param_gather_s[s]
         assert sim == pytest.approx(want, rel=1e-12)
-        assert _dp_s(cache, lay, (p, e), 0.0) == pytest.approx(want, rel=1e-9)
+        per_backward = _zero3_gather_scatter_s(cache, lay, (p, e))[1] if zero == 2 else 0.0
+        assert chunk.zero3_scatter_s == pytest.approx(per_backward, rel=1e-9)
+        assert _dp_s(cache, lay, (p, e), 0.0) + per_backward == pytest.approx(want, rel=1e-9)
 
 
 @pytest.mark.parametrize("zero", [1, 2])
