@@ -92,7 +92,7 @@ def load_server(name: str) -> ServerSpec:
         for gpu, n in enumerate(spec.mesh_links_per_gpu()):
             if n != spec.links_per_gpu:
                 raise TopologyError(
-                    f"{path}: GPU {gpu} has {n} links in mesh_edges (none: one to every "
+                    f"{path}: GPU {gpu} has {n} links in mesh_edges (omitted: one to every "
                     f"peer), not links_per_gpu = {spec.links_per_gpu}; give each pair its "
                     "link count as [a, b, links]"
                 )

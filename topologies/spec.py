@@ -101,11 +101,12 @@ class ServerSpec(_Frozen):
             )
         if self.fabric == "mesh":
             self._mesh_fits()
-        elif self.host_bw_bytes_per_s_per_dir is not None:
-            raise ValueError(
-                'host_bw_bytes_per_s_per_dir is read only on fabric = "mesh" (the host path '
-                "of GPUs with no direct link); remove it or fix fabric"
-            )
+        for key in ("mesh_edges", "host_bw_bytes_per_s_per_dir"):
+            if self.fabric != "mesh" and getattr(self, key) is not None:
+                raise ValueError(
+                    f'{key} is read only on fabric = "mesh" (GPUs joined by direct links); '
+                    "remove it or fix fabric"
+                )
         return self
 
     def pair_links(self) -> dict[tuple[int, int], int]:
@@ -145,9 +146,9 @@ class ServerSpec(_Frozen):
         for gpu, n in enumerate(self.mesh_links_per_gpu()):
             if n > self.links_per_gpu:
                 raise ValueError(
-                    f"GPU {gpu} has {n} links in mesh_edges (none: one to every peer), "
-                    f"more than links_per_gpu = "
-                    f"{self.links_per_gpu}; fix the link counts ([a, b, links]) or links_per_gpu"
+                    f"GPU {gpu} has {n} links in mesh_edges (omitted: one to every peer), "
+                    f"more than links_per_gpu = {self.links_per_gpu}; fix the link counts "
+                    "([a, b, links]) or links_per_gpu"
                 )
         unlinked = set(itertools.combinations(range(gpus), 2)) - set(self.pair_links())
         if unlinked and self.host_bw_bytes_per_s_per_dir is None:

@@ -10,6 +10,7 @@ The MI300X (a full mesh, one link a pair) keeps its numbers bit for bit.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from pathlib import Path
 
@@ -189,9 +190,21 @@ def test_unlinked_pairs_need_a_host_path(tmp_path: Path) -> None:
         load_server(str(bare))
 
 
-def test_a_host_path_on_a_switch_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "line", ["host_bw_bytes_per_s_per_dir = 1.6e10", "mesh_edges = [[0, 1, 18]]"]
+)
+def test_mesh_keys_on_a_switch_are_refused(line: str, tmp_path: Path) -> None:
+    # ignored before (mesh_edges were range-checked, then never read on an NVSwitch)
     src = (SERVERS_DIR / "dgx-h100.toml").read_text()
     path = tmp_path / "s.toml"
-    path.write_text(src.replace("[intra]", "host_bw_bytes_per_s_per_dir = 1.6e10\n\n[intra]", 1))
-    with pytest.raises(TopologyError, match="read only on fabric"):
+    path.write_text(src.replace("[intra]", f"{line}\n\n[intra]", 1))
+    with pytest.raises(TopologyError, match=line.split()[0] + ".*read only on fabric"):
         load_server(str(path))
+
+
+def test_dgx1_host_path_is_a_vetted_pcie3_x16(hardware_dir: Path) -> None:
+    gpus = {r["id"]: r for r in json.loads((hardware_dir / "gpus.json").read_text())}
+    s = load_server("dgx1-v100")
+    assert gpus[s.gpu]["pcie_gen"] == gpus["v100-pcie-32gb"]["pcie_gen"] == 3
+    x16 = gpus["v100-pcie-32gb"]["pcie_x16_bw_bidir_GBps"] * 1e9 / 2  # 32 GB/s both ways
+    assert s.host_bw_bytes_per_s_per_dir == pytest.approx(x16)
