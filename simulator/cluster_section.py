@@ -90,7 +90,7 @@ def _with_counts(server: ServerSpec, update: dict[str, Any]) -> ServerSpec:
     fields = {**server.model_dump(), **update}
     if server.mesh_edges is not None:
         n = fields["gpus_per_node"]
-        fields["mesh_edges"] = [e for e in server.mesh_edges if max(e) < n]
+        fields["mesh_edges"] = [e for e in server.mesh_edges if max(e[:2]) < n]
     try:
         return ServerSpec.model_validate(fields)
     except ValidationError as e:

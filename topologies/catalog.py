@@ -86,7 +86,17 @@ def _resolve(name: str, folder: Path, what: str) -> Path:
 @cache
 def load_server(name: str) -> ServerSpec:
     """Load a server by id (``dgx-h100``) or by path to a TOML file."""
-    return _load(_resolve(name, SERVERS_DIR, "server"), ServerSpec)
+    path = _resolve(name, SERVERS_DIR, "server")
+    spec = _load(path, ServerSpec)
+    if spec.fabric == "mesh":  # a file wires every link (a scenario's cut may drop some)
+        for gpu, n in enumerate(spec.mesh_links_per_gpu()):
+            if n != spec.links_per_gpu:
+                raise TopologyError(
+                    f"{path}: GPU {gpu} has {n} links in mesh_edges (omitted: one to every "
+                    f"peer), not links_per_gpu = {spec.links_per_gpu}; give each pair its "
+                    "link count as [a, b, links]"
+                )
+    return spec
 
 
 @cache

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from topologies.mesh import group_share
 from topologies.spec import ClusterSpec, LinkTier, NVLSSpec, TierKind, TopologyError
 
 MEGATRON_ORDER: tuple[str, ...] = ("tp", "dp", "pp")
@@ -133,8 +134,8 @@ class Cluster:
         ppn = max(len(v) for v in per_node.values())
         intra = self.server.intra
         intra_scale = min(self._scale("intra", n, lr) for n, ls in per_node.items() for lr in ls)
-        if self.server.fabric == "mesh":  # a sub-group of a mesh reaches fewer peers
-            intra_scale *= min(1.0, (ppn - 1) / max(1, self.server.gpus_per_node - 1))
+        if self.server.fabric == "mesh":  # rings use only the links among the group's GPUs
+            intra_scale *= group_share(self.server, per_node.values())
         return GroupLinks(
             size=len(ranks),
             num_nodes=len(per_node),
@@ -195,10 +196,10 @@ class Cluster:
                 g.add_node(hub, kind=srv.fabric)
                 bw = srv.intra.bw_bytes_per_s_per_dir * self._scale("intra", node, i)
                 g.add_edge(gpu, hub, bw_bytes_per_s_per_dir=bw, tier="intra")
-        if srv.fabric == "mesh":
-            for a, b in srv.mesh_edges or itertools.combinations(range(len(gpus)), 2):
+        if srv.fabric == "mesh":  # one edge per pair: all the links joining it
+            for (a, b), links in srv.pair_links().items():
                 scale = min(self._scale("intra", node, a), self._scale("intra", node, b))
-                bw = per_link * scale * (srv.links_per_gpu // (len(gpus) - 1) or 1)
+                bw = per_link * links * scale
                 g.add_edge(gpus[a], gpus[b], bw_bytes_per_s_per_dir=bw, tier="intra")
 
     def _add_nics(self, g: nx.Graph, node: int) -> None:

@@ -8,6 +8,7 @@ that carries it.
 
 from __future__ import annotations
 
+import itertools
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
@@ -66,8 +67,15 @@ class ServerSpec(_Frozen):
     gpus_per_node: _Int = Field(gt=0)
     fabric: Fabric
     links_per_gpu: _Int = Field(gt=0, description="NVLink/xGMI links (1 for PCIe)")
-    mesh_edges: tuple[tuple[_Int, _Int], ...] | None = Field(
-        default=None, description="GPU pairs joined on a mesh fabric; None = every pair"
+    mesh_edges: tuple[tuple[_Int, _Int] | tuple[_Int, _Int, _Int], ...] | None = Field(
+        default=None,
+        description="GPU pairs joined on a mesh fabric, [a, b] (one link) or [a, b, links]; "
+        "None = every pair, one link each",
+    )
+    host_bw_bytes_per_s_per_dir: _Rate | None = Field(
+        default=None,
+        description="a GPU's PCIe path to the host, one direction: what a ring between mesh "
+        "GPUs with no direct link gets",
     )
     launch_latency_s: _Latency = Field(description="fixed cost of one collective call")
     intra: LinkTier = Field(description="per-GPU bandwidth a ring can use inside the node")
@@ -79,7 +87,7 @@ class ServerSpec(_Frozen):
 
     @model_validator(mode="after")
     def _parts_fit(self) -> ServerSpec:
-        """NICs shared evenly, NVLS only on an NVSwitch, mesh pairs of two of its GPUs."""
+        """NICs shared evenly, NVLS only on an NVSwitch, a mesh's links as `_mesh_fits` asks."""
         gpus, nics = self.gpus_per_node, self.nics_per_node
         if nics and gpus % nics and nics % gpus:
             raise ValueError(
@@ -91,13 +99,64 @@ class ServerSpec(_Frozen):
                 f'[nvls] needs fabric = "nvswitch" (NVLink SHARP runs in the switch), not '
                 f"{self.fabric!r}; remove [nvls] or fix fabric"
             )
-        for a, b in self.mesh_edges or ():
+        if self.fabric == "mesh":
+            self._mesh_fits()
+        for key in ("mesh_edges", "host_bw_bytes_per_s_per_dir"):
+            if self.fabric != "mesh" and getattr(self, key) is not None:
+                raise ValueError(
+                    f'{key} is read only on fabric = "mesh" (GPUs joined by direct links); '
+                    "remove it or fix fabric"
+                )
+        return self
+
+    def pair_links(self) -> dict[tuple[int, int], int]:
+        """Links joining each GPU pair ``(a, b)``, ``a < b``, of a mesh; a pair with none is
+        absent. ``mesh_edges`` None: every pair, one link each."""
+        if self.mesh_edges is None:
+            return dict.fromkeys(itertools.combinations(range(self.gpus_per_node), 2), 1)
+        return {(min(e[:2]), max(e[:2])): e[2] if len(e) == 3 else 1 for e in self.mesh_edges}
+
+    def mesh_links_per_gpu(self) -> list[int]:
+        """Links each GPU of a mesh has in ``mesh_edges`` (index = GPU)."""
+        total = [0] * self.gpus_per_node
+        for (a, b), n in self.pair_links().items():
+            total[a] += n
+            total[b] += n
+        return total
+
+    def _mesh_fits(self) -> None:
+        """Pairs of two of its GPUs, each listed once with at least one link; no GPU with more
+        links than ``links_per_gpu``; a host path where some pair has no link."""
+        gpus, seen = self.gpus_per_node, set()
+        for e in self.mesh_edges or ():
+            a, b = e[:2]
             if a == b or not (0 <= a < gpus and 0 <= b < gpus):
                 raise ValueError(
                     f"mesh_edges pair [{a}, {b}] must join two different GPUs of "
                     f"0..{gpus - 1}; fix mesh_edges"
                 )
-        return self
+            if len(e) == 3 and e[2] < 1:
+                raise ValueError(
+                    f"mesh_edges entry {list(e)}: a pair has at least 1 link; drop the pair "
+                    "if no link joins it"
+                )
+            if (min(a, b), max(a, b)) in seen:
+                raise ValueError(f"mesh_edges lists the pair [{a}, {b}] twice; list it once")
+            seen.add((min(a, b), max(a, b)))
+        for gpu, n in enumerate(self.mesh_links_per_gpu()):
+            if n > self.links_per_gpu:
+                raise ValueError(
+                    f"GPU {gpu} has {n} links in mesh_edges (omitted: one to every peer), "
+                    f"more than links_per_gpu = {self.links_per_gpu}; fix the link counts "
+                    "([a, b, links]) or links_per_gpu"
+                )
+        unlinked = set(itertools.combinations(range(gpus), 2)) - set(self.pair_links())
+        if unlinked and self.host_bw_bytes_per_s_per_dir is None:
+            a, b = min(unlinked)
+            raise ValueError(
+                f"mesh_edges joins GPUs {a} and {b} by no link, so a ring between them takes the "
+                "host path; give host_bw_bytes_per_s_per_dir (a GPU's PCIe rate, one direction)"
+            )
 
 
 class NetworkSpec(_Frozen):
