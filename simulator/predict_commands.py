@@ -53,8 +53,8 @@ def _add_predict(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument(
         "--latency-model",
         default="auto",
-        help="auto (tile-mlp for fp32, tensor-core model otherwise) | tile-mlp | roofline | "
-        "roofline-derated (the roofline at sustained rates, as in scenarios)",
+        help="auto (default: tile-mlp for fp32, tensor-core model otherwise) | tile-mlp | "
+        "roofline | roofline-derated (the roofline at sustained rates, as in scenarios)",
     )
     p.add_argument("--data", type=path_arg, default=None, help=DATA_HELP)
     p.add_argument("--json", action="store_true", help="print JSON (one object per run)")
