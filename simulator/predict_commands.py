@@ -48,7 +48,12 @@ def _add_predict(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument(
         "--dtype", help="fp32 (default), tf32, bf16, fp16, fp8; not with --module (its parameters')"
     )
-    p.add_argument("--runs", type=path_arg, help="JSONL, one run per line with the flags' keys")
+    p.add_argument(
+        "--runs",
+        type=path_arg,
+        help=f"JSONL, one run per line: a JSON object of keys {', '.join(RUN_KEYS)} (as the "
+        "flags; --latency-model and --data apply to every run)",
+    )
     p.add_argument("--module", help="FILE.py:FUNC, FUNC(batch, seq) -> (nn.Module, inputs): traced")
     p.add_argument(
         "--latency-model",

@@ -56,6 +56,7 @@ def _help(command: str, flag: str) -> str:
         ("tilesim serve", "--gpu", "default: --server's"),
         # a choice the handler checks itself lists what it takes, not "..."
         ("tilesim collective", "--op", "all-to-all | send-recv"),
+        ("tilesim predict", "--runs", "model, gpu, batch, seq, mode, framework, dtype"),
     ],
 )
 def test_help_says_what_no_value_means(command: str, flag: str, said: str) -> None:
