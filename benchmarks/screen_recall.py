@@ -9,7 +9,8 @@ the exhaustive best, the tiered best's tokens/s over the exhaustive best's, wher
 exhaustive best sits in the screen's order, how many of the exhaustive top 10 the tiering
 simulated, and Spearman's rank correlation of screen and full tokens/s. ``--all`` also
 simulates the layouts the screen found too large and counts where the two tiers disagree on
-whether a layout fits. Takes about a minute per thousand layouts on one core.
+whether a layout fits. ``--all`` over the shipped scenarios (3,116 layouts) takes about 30 s on
+one core.
 """
 
 from __future__ import annotations

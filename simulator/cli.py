@@ -27,7 +27,7 @@ from simulator.serve_commands import add_serve_command
 from simulator.simulate_commands import add_simulate_commands
 from simulator.space import shipped_scenarios
 from simulator.sweep_commands import add_sweep_commands
-from topologies import Degradation, TopologyError, collective_estimate, load_cluster
+from topologies import OPS, Degradation, TopologyError, collective_estimate, load_cluster
 from topologies import report as topo_report
 from topologies.measured import compare, load_measured
 
@@ -69,7 +69,7 @@ def _add_topologies(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _add_collective(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``tilesim collective``: one collective's time on a cluster, its links degraded or not."""
     p = sub.add_parser("collective", help="predict one collective on a cluster")
-    p.add_argument("--op", required=True, help="all-reduce, all-gather, reduce-scatter, ...")
+    p.add_argument("--op", required=True, help=" | ".join(OPS))
     p.add_argument(
         "--bytes",
         type=float,

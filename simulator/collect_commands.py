@@ -15,7 +15,9 @@ import math
 import statistics
 from pathlib import Path
 
+from forecast.collect_plan import DTYPES
 from forecast.kernels import Dtype, KernelSpec, OpFamily
+from forecast.tc_calibrate import DEFAULT_DATA_DIR as TC_DATA_DIR
 from simulator.errors import ConfigError, at_least, path_arg
 
 MAX_DIM = 2**40  # one kernel dimension: past it the forecasters' int64 arrays overflow
@@ -42,17 +44,40 @@ def gemm_kernel(dims_text: str, dtype: str) -> KernelSpec:
 def add_collect_commands(ksub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``kernels collect`` and ``kernels tc-calibrate``."""
     c = ksub.add_parser("collect", help="time kernels with PyTorch into a measurements CSV")
-    c.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where to time")
+    c.add_argument(
+        "--device", choices=("cuda", "cpu"), default="cuda", help="where to time (default: cuda)"
+    )
     c.add_argument("--ops", default=None, help="comma list; default: every op of the collector")
-    c.add_argument("--dtypes", default=None, help="comma list of bf16,fp16,fp8,tf32,fp32")
+    c.add_argument(
+        "--dtypes", default=None, help=f"comma list of {','.join(DTYPES)} (default: all)"
+    )
     c.add_argument("--out", type=path_arg, required=True, help="CSV to write or resume")
-    c.add_argument("--budget-s", type=float, default=None, help="stop after this many seconds")
-    c.add_argument("--repeats", type=int, default=10, help="timed calls per kernel (median)")
+    c.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="stop after this many seconds (default: no limit)",
+    )
+    c.add_argument(
+        "--repeats",
+        type=int,
+        default=10,
+        help="timed calls per kernel, the median kept (default: 10)",
+    )
     c.set_defaults(handler=_collect)
 
     t = ksub.add_parser("tc-calibrate", help="fit the tensor-core model; print the holdout table")
-    t.add_argument("--data", type=path_arg, default=None, help="folder with microbenchmarks.json")
-    t.add_argument("--holdout", default="h200-sxm-141gb", help="GPU id kept out, or 'none'")
+    t.add_argument(
+        "--data",
+        type=path_arg,
+        default=None,
+        help=f"folder with microbenchmarks.json (default: {TC_DATA_DIR})",
+    )
+    t.add_argument(
+        "--holdout",
+        default="h200-sxm-141gb",
+        help="GPU id kept out, or 'none' (default: %(default)s)",
+    )
     t.add_argument(
         "--measured",
         type=path_arg,
@@ -130,10 +155,10 @@ def _collect(args: argparse.Namespace) -> int:
 
 
 def _tc_calibrate(args: argparse.Namespace) -> int:
-    from forecast.tc_calibrate import DEFAULT_DATA_DIR, calibrate, validation_rows
+    from forecast.tc_calibrate import calibrate, validation_rows
     from forecast.tensor_core import PARAMS_FILE
 
-    data = args.data or DEFAULT_DATA_DIR
+    data = args.data or TC_DATA_DIR
     holdout = None if args.holdout == "none" else args.holdout
     out = PARAMS_FILE if args.write else None
     params = calibrate(data, holdout=holdout, out=out, measured=args.measured)

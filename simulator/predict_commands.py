@@ -48,13 +48,18 @@ def _add_predict(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument(
         "--dtype", help="fp32 (default), tf32, bf16, fp16, fp8; not with --module (its parameters')"
     )
-    p.add_argument("--runs", type=path_arg, help="JSONL, one run per line with the flags' keys")
+    p.add_argument(
+        "--runs",
+        type=path_arg,
+        help=f"JSONL, one run per line: a JSON object of keys {', '.join(RUN_KEYS)} (as the "
+        "flags; --latency-model and --data apply to every run)",
+    )
     p.add_argument("--module", help="FILE.py:FUNC, FUNC(batch, seq) -> (nn.Module, inputs): traced")
     p.add_argument(
         "--latency-model",
         default="auto",
-        help="auto (tile-mlp for fp32, tensor-core model otherwise) | tile-mlp | roofline | "
-        "roofline-derated (the roofline at sustained rates, as in scenarios)",
+        help="auto (default: tile-mlp for fp32, tensor-core model otherwise) | tile-mlp | "
+        "roofline | roofline-derated (the roofline at sustained rates, as in scenarios)",
     )
     p.add_argument("--data", type=path_arg, default=None, help=DATA_HELP)
     p.add_argument("--json", action="store_true", help="print JSON (one object per run)")

@@ -1,4 +1,5 @@
-"""``tilesim serve``: prefill and decode of a batch of generation requests on one GPU."""
+"""``tilesim serve``: prefill and decode of a batch of generation requests on one GPU,
+or sharded over `--tp` GPUs of one server (`serve_parallel`)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     """Register ``serve``."""
     p = sub.add_parser(
         "serve",
-        help="generation on one GPU: prefill, per-token decode with a KV cache, throughput",
+        help="generation on one GPU or --tp GPUs of a server: prefill, per-token decode with a KV "
+        "cache, throughput",
     )
     p.add_argument("--model", required=True, help="catalog id, NeuSight model name, .toml or .json")
     p.add_argument(
@@ -49,7 +51,7 @@ def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--server",
         help="server id or .toml (tilesim list servers) whose GPUs --tp shares a layer over",
     )
-    p.add_argument("--tp", type=int, default=1, help=FIX["tp"])
+    p.add_argument("--tp", type=int, default=1, help=f"{FIX['tp']} (default: 1)")
     p.add_argument("--batch", type=int, required=True, help=FIX["batch"])
     p.add_argument("--prompt", type=int, required=True, help=FIX["prompt"])
     p.add_argument("--gen", type=int, required=True, help=FIX["gen"])
@@ -58,7 +60,7 @@ def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--latency-model",
         default="auto",
-        help=f"{' | '.join(PREDICT_LATENCY)} (auto: the tensor-core model for 16/8-bit "
+        help=f"{' | '.join(PREDICT_LATENCY)} (default auto: the tensor-core model for 16/8-bit "
         "kernels, tile-mlp for fp32)",
     )
     p.add_argument("--data", type=path_arg, default=None, help=DATA_HELP)

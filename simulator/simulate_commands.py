@@ -59,7 +59,7 @@ def add_validate_distributed(vs: argparse._SubParsersAction[argparse.ArgumentPar
         "--latency-model",
         default="auto",
         choices=typing.get_args(TrainingSection.model_fields["latency_model"].annotation),
-        help="kernel forecaster (as a scenario's training.latency_model)",
+        help="kernel forecaster, as a scenario's training.latency_model (default: auto)",
     )
     d.add_argument("--labels-only", action="store_true", help="skip the published runs")
     d.add_argument("--readme", type=path_arg, default=None, help="rewrite the README's table")

@@ -25,7 +25,12 @@ def add_validate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
         help="whole-model error per GPU, per op family against the per-op traces, and the "
         "kernels measured twice (NeuSight labels)",
     )
-    e.add_argument("--data", type=path_arg, default=DEFAULT_DATA_DIR, help="NeuSight data folder")
+    e.add_argument(
+        "--data",
+        type=path_arg,
+        default=DEFAULT_DATA_DIR,
+        help=f"NeuSight data folder (default: {DEFAULT_DATA_DIR})",
+    )
     e.add_argument("--markdown", action="store_true", help="print the README tables only")
     e.add_argument(
         "--readme",
@@ -34,7 +39,9 @@ def add_validate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
         help="rewrite the README's three e2e tables (per GPU, per op family, kernels measured "
         "twice), all or none",
     )
-    e.add_argument("--plot", type=path_arg, default=None, help="draw predicted vs measured (PNG)")
+    e.add_argument(
+        "--plot", type=path_arg, default=None, help="draw predicted vs measured (PNG, PDF, SVG ...)"
+    )
     e.set_defaults(handler=_validate_e2e)
     add_validate_distributed(vs)
 
