@@ -50,7 +50,13 @@ class GPUSpec(BaseModel):
     base_clock_hz: _Float | None = Field(default=None, gt=0)
     tdp_w: _Float | None = Field(default=None, gt=0)
     memory_type: str = Field(default="unknown", description="DRAM technology: HBM2e, GDDR6, ...")
-    hbm_bytes: _Float = Field(gt=0)
+    # Memory a program can allocate. NVIDIA's HBM capacities ("80 GB") are binary: HBM dies
+    # come in 2^30-byte multiples and nvidia-smi shows an A100 80GB as 81920 MiB, a 40GB as
+    # 40960 MiB (modal-labs/modal-client#2797; CUDA's deviceQuery gives the 40GB 42.30e9
+    # allocatable bytes, 98.5% of 40 GiB, inside the simulator's 1 GiB reserve). Read as 1e9
+    # bytes, an 80 GB GPU held 7% less than it has. GDDR boards are decimal (an L4's "24 GB"
+    # shows as 23034 MiB = 24.15e9 bytes with ECC on); AMD's ROCm table quotes GiB.
+    hbm_bytes: _Float = Field(gt=0, description="device memory, bytes (name kept for GDDR too)")
     hbm_bw_bytes_per_s: _Float = Field(gt=0)
     l2_bytes: _Float = Field(gt=0)
     smem_bytes_per_sm: _Float | None = Field(default=None, gt=0)

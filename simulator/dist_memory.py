@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict
 from forecast.kernels import ITEMSIZE_BYTES
 from simulator.memory import (
     FP8_WEIGHT_CACHE_BYTES_PER_ELEMENT,
+    RESERVED_BYTES,
     activation_itemsize_bytes,
     grad_itemsize_bytes,
     param_itemsize_bytes,
@@ -55,8 +56,6 @@ from simulator.shard_params import (
     end_tensors,
     moe_layer_params,
 )
-
-RESERVED_BYTES = 2**30  # CUDA context, cuBLAS/NCCL workspaces (about 1 GiB)
 
 
 class MemoryBreakdown(BaseModel):

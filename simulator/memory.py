@@ -28,8 +28,18 @@ GIB = 2**30
 MASK_ITEMSIZE_BYTES = 1
 
 
+# CUDA context, cuBLAS/NCCL workspaces (about 1 GiB): counted in a distributed stage's
+# memory (`dist_memory`), and kept free of a single GPU's estimate here and in `serve`
+RESERVED_BYTES = 2**30
+
+
+def usable_bytes(gpu: GPUSpec) -> float:
+    """What a program's tensors can take of ``gpu``'s memory: all but `RESERVED_BYTES`."""
+    return gpu.hbm_bytes - RESERVED_BYTES
+
+
 class MemoryEstimate(BaseModel):
-    """Bytes per category and whether their sum fits in the GPU's memory."""
+    """Bytes per category and whether their sum fits in the GPU's memory (`usable_bytes`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -205,7 +215,7 @@ def step_memory(
         activations_bytes=activations_bytes,
         total_bytes=total,
         hbm_bytes=gpu.hbm_bytes,
-        fits=total <= gpu.hbm_bytes,
+        fits=total <= usable_bytes(gpu),
     )
 
 
@@ -239,4 +249,4 @@ def estimate_memory(model: ModelSpec, run: Workload, gpu: GPUSpec) -> MemoryEsti
     cache = FP8_WEIGHT_CACHE_BYTES_PER_ELEMENT * gemm_weights(model, model.num_layers)[0]
     total = mem.total_bytes + cache
     update = {"weights_bytes": mem.weights_bytes + cache, "total_bytes": total}
-    return mem.model_copy(update={**update, "fits": total <= gpu.hbm_bytes})
+    return mem.model_copy(update={**update, "fits": total <= usable_bytes(gpu)})

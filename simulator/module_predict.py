@@ -33,7 +33,7 @@ from forecast.kernels import ITEMSIZE_BYTES
 from forecast.predict import LatencyModel
 from simulator.e2e import E2EResult, graph_result
 from simulator.errors import ConfigError
-from simulator.memory import MemoryEstimate, step_memory
+from simulator.memory import MemoryEstimate, step_memory, usable_bytes
 from simulator.opgraph import Workload, ops_from_blocks
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ def module_memory(trace: ModuleTrace, run: Workload, gpu: GPUSpec) -> MemoryEsti
     frozen = item * (n - stepped)  # weights only: no gradient, no Adam state
     total = mem.total_bytes + frozen
     update = {"weights_bytes": mem.weights_bytes + frozen, "total_bytes": total}
-    return mem.model_copy(update={**update, "fits": total <= gpu.hbm_bytes})
+    return mem.model_copy(update={**update, "fits": total <= usable_bytes(gpu)})
 
 
 def predict_module(

@@ -42,7 +42,7 @@ from forecast.predict import LatencyModel
 from forecast.stream import stream_table
 from simulator.e2e import FITTED, Overheads, family_times_s, phase_time_s
 from simulator.errors import ConfigError
-from simulator.memory import GIB, estimate_memory
+from simulator.memory import GIB, estimate_memory, usable_bytes
 from simulator.models import MAX_SEQ, ModelSpec
 from simulator.opgraph import (
     MAX_TOKENS,
@@ -165,9 +165,9 @@ def max_batch(model: ModelSpec, gpu: GPUSpec, req: ServeRequest) -> int:
     one = _memory(model, gpu, req.model_copy(update={"batch": 1}))
     weights = one.weights_bytes
     per_sequence = one.total_bytes - weights
-    if weights > gpu.hbm_bytes:
+    if weights > usable_bytes(gpu):
         return 0
-    return int((gpu.hbm_bytes - weights) // per_sequence)
+    return int((usable_bytes(gpu) - weights) // per_sequence)
 
 
 def _check(model: ModelSpec, req: ServeRequest, cluster: Cluster | None) -> None:
@@ -295,6 +295,6 @@ def summarise(p: PassTimes, gpu: GPUSpec) -> ServeResult:
         kv_cache_gib=mem.kv_cache_bytes / GIB,
         activations_gib=mem.activations_bytes / GIB,
         memory_gib=total / GIB,
-        fits=total <= gpu.hbm_bytes,
+        fits=total <= usable_bytes(gpu),
         max_batch=max_batch(p.local, gpu, req),
     )

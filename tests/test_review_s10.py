@@ -8,7 +8,7 @@ import pytest
 from forecast.gpus import load_gpu
 from forecast.kernels import ITEMSIZE_BYTES, Dtype
 from simulator.cli import build_parser
-from simulator.memory import parallel_units
+from simulator.memory import parallel_units, usable_bytes
 from simulator.models import load_model
 from simulator.opgraph import has_flash_attention
 from simulator.serve import ServeRequest, max_batch
@@ -40,8 +40,8 @@ def test_serve_memory_counts_the_unfused_scores_where_the_gpu_has_no_flash_atten
     assert not has_flash_attention(gpu)
     req = ServeRequest(batch=1, prompt=2048, gen=1, dtype=Dtype.FP16)
     weights, per_seq = _per_sequence_bytes(2048, scores=True)
-    want = int((gpu.hbm_bytes - weights) // per_seq)
-    assert want == 7  # (32e9 B = 29.8 GiB - 14.96 GiB of weights) / 2.06 GiB a sequence
+    want = int((usable_bytes(gpu) - weights) // per_seq)
+    assert want == 7  # (32 GiB - 1 GiB reserved - 14.96 GiB of weights) / 2.06 GiB a sequence
     assert max_batch(load_model("llama3-8b"), gpu, req) == want
 
 
@@ -50,7 +50,9 @@ def test_serve_memory_on_a_flash_attention_gpu_has_no_scores() -> None:
     gpu = load_gpu("a100-sxm4-80gb")
     req = ServeRequest(batch=1, prompt=2048, gen=1, dtype=Dtype.FP16)
     weights, per_seq = _per_sequence_bytes(2048, scores=False)
-    assert max_batch(load_model("llama3-8b"), gpu, req) == int((gpu.hbm_bytes - weights) // per_seq)
+    assert max_batch(load_model("llama3-8b"), gpu, req) == int(
+        (usable_bytes(gpu) - weights) // per_seq
+    )
 
 
 def _option_help(command: str, flag: str) -> str:

@@ -17,7 +17,7 @@ from forecast.gpus import load_gpu
 from forecast.kernels import ITEMSIZE_BYTES
 from simulator.cli import main
 from simulator.latency import latency_model_for
-from simulator.memory import GIB, estimate_memory, layer_activation_bytes
+from simulator.memory import GIB, RESERVED_BYTES, estimate_memory, layer_activation_bytes
 from simulator.models import load_model
 from simulator.opgraph import Workload, on_gpu
 from simulator.serve import ServeRequest, kv_cache_bytes, serve_forecast
@@ -84,11 +84,11 @@ def test_memory_is_weights_plus_kv_cache_plus_prefill_activations() -> None:
 
 def test_fits_counts_the_prefill_activations() -> None:
     """A GPU with room for the weights and the KV cache but not the prefill's activations does
-    not fit the request."""
+    not fit the request (beside the reserve every estimate keeps free)."""
     req = ServeRequest(batch=8, prompt=64, gen=4)
     m, gpu = load_model("tiny-gpt"), load_gpu(A100)
     acts = _prefill_activation_bytes("tiny-gpt", req)
-    without = m.num_params() * 2 + kv_cache_bytes(m, req)
+    without = m.num_params() * 2 + kv_cache_bytes(m, req) + RESERVED_BYTES
     small = gpu.model_copy(update={"hbm_bytes": without + acts / 2})
     res = serve_forecast(m, small, req, DERATED)
     assert not res.fits and res.max_batch < req.batch

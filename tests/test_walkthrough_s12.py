@@ -354,7 +354,7 @@ def test_simulate_prints_the_layout_and_every_figure_with_its_unit(
     assert lines[3].strip() == f"pipeline  bubble {row['bubble_fraction']:.1%} of forward+backward"
     assert f"tp {duration_text(row['exposed_comm_s']['tp'])}" in lines[4]
     assert lines[5].strip() == (
-        f"memory    {row['memory_gib_per_gpu']:.1f} GiB per GPU, fits in its 74.5 GiB of GPU memory"
+        f"memory    {row['memory_gib_per_gpu']:.1f} GiB per GPU, fits in its 80.0 GiB of GPU memory"
     )
     assert "fits=" not in out
 

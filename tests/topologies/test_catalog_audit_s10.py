@@ -94,9 +94,10 @@ def test_every_numeric_field_names_an_si_unit(model: type) -> None:
 def test_every_gpu_number_equals_its_vetted_record(gpu_id: str, hardware_dir: Path) -> None:
     rec = _records(hardware_dir, "gpus.json")[gpu_id]
     gpu = load_gpu(gpu_id)
-    # gpus.json README: NVIDIA quotes memory in GB (1e9), AMD's ROCm table in GiB; caches and
+    # gpus.json README: NVIDIA quotes memory in GB, AMD's ROCm table in GiB; caches and
     # per-SM sizes are binary (NVIDIA's "40 MB" L2 is 40 x 2^20 bytes)
-    memory = GIB if rec["vendor"] == "AMD" else 1e9
+    hbm = rec["vendor"] == "AMD" or str(rec.get("memory_type", "")).startswith("HBM")
+    memory = GIB if hbm else 1e9  # NVIDIA's HBM "GB" are GiB (gpu_spec.GPUSpec.hbm_bytes)
     pairs: list[tuple[str, float | None, str, float]] = [
         ("num_sms", gpu.num_sms, "sm_or_cu_count", 1),
         ("boost_clock_hz", gpu.boost_clock_hz, "boost_clock_mhz", 1e6),

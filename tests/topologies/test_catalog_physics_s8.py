@@ -52,7 +52,9 @@ def test_gpu_values_equal_gpus_json_in_si(path: Path, hardware_dir: Path) -> Non
     rec = _records(hardware_dir, "gpus.json")[path.stem]
     toml = tomllib.loads(path.read_text())
     peaks = toml["peak_flops_per_s"]
-    memory_unit = 2**30 if rec["vendor"] == "AMD" else 1e9  # ROCm quotes GiB, NVIDIA GB
+    # ROCm quotes GiB; NVIDIA's HBM "GB" are GiB too (gpu_spec.GPUSpec.hbm_bytes), GDDR decimal
+    hbm = rec["vendor"] == "AMD" or str(rec.get("memory_type", "")).startswith("HBM")
+    memory_unit = 2**30 if hbm else 1e9
     pairs = {  # catalog value (SI) <- vetted field x factor; dense tensor peaks, per-SM bytes
         "num_sms": (toml.get("num_sms"), "sm_or_cu_count", 1),
         "boost_clock_hz": (toml.get("boost_clock_hz"), "boost_clock_mhz", 1e6),
