@@ -75,6 +75,13 @@ def one_line_refusal(err: str, *needles: str) -> str:
     return lines[0]
 
 
+def error_line(capsys: pytest.CaptureFixture[str], *needles: str) -> str:
+    """The one ``tilesim: error: ...`` line a refused command left (`one_line_refusal`)."""
+    line = one_line_refusal(capsys.readouterr().err, *needles)
+    assert line.startswith("tilesim: error: "), line
+    return line
+
+
 def refused(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: str) -> str:
     """Run ``tilesim argv``: exit code 2, nothing on stdout, and `one_line_refusal`."""
     from simulator.cli import main

@@ -17,6 +17,7 @@ from simulator.errors import ConfigError
 from simulator.report import rank
 from simulator.scenario import load_scenario
 from simulator.space import enumerate_space, find_scenario
+from tests.support import error_line
 
 TINY = find_scenario("tiny-gpt-8gpu")  # one step: 16 sequences x 128 tokens = 2,048 tokens
 BUDGET = ("--set", "sweep.train_tokens=[1e9]")
@@ -25,15 +26,6 @@ BUDGET = ("--set", "sweep.train_tokens=[1e9]")
 def _sweep(out: Path, *extra: str) -> int:
     argv = ["sweep", str(TINY), "--serial", "--no-progress", "--out", str(out)]
     return main([*argv, *extra])
-
-
-def _one_line_error(capsys: pytest.CaptureFixture[str], *needles: str) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tilesim: error: "), err
-    assert all(n in lines[0] for n in needles), err
-    return lines[0]
 
 
 @pytest.mark.parametrize(
@@ -55,7 +47,7 @@ def test_an_absurd_price_power_or_budget_is_refused_before_any_work(
     price = ("--set", "sweep.options=[{price_per_gpu_hour = 2.0}]")
     extra = (*BUDGET, *price, "--rank", "cost", "--set", override)
     assert _sweep(out, *extra) == 2
-    line = _one_line_error(capsys, key, "give")
+    line = error_line(capsys, key, "give")
     assert "1e+308" not in line or "at most" in line
     assert not out.exists()
 
@@ -107,5 +99,5 @@ def test_an_option_id_that_would_split_a_report_table_is_refused(
     split into extra columns or two lines."""
     out = tmp_path / "out"
     assert _sweep(out, "--set", f'sweep.options=[{{id = "{name}"}}]') == 2
-    _one_line_error(capsys, "sweep.options[0].id", "give one line")
+    error_line(capsys, "sweep.options[0].id", "give one line")
     assert not out.exists()

@@ -13,14 +13,10 @@ from simulator.cli import main
 from simulator.errors import ConfigError
 from simulator.scenario import load_scenario, resolve
 from simulator.space import enumerate_space, find_scenario
-from tests.support import one_line_refusal
+from tests.support import error_line
 
 TINY = find_scenario("tiny-gpt-8gpu")
 HUGE = 2**30  # rank groups of 2^30 GPUs took longer than a minute and many GB, then died
-
-
-def _one_line_error(capsys: pytest.CaptureFixture[str], *needles: str) -> None:
-    one_line_refusal(capsys.readouterr().err, "tilesim: error: ", *needles)
 
 
 def test_a_huge_cluster_is_refused_by_key(capsys: pytest.CaptureFixture[str]) -> None:
@@ -29,7 +25,7 @@ def test_a_huge_cluster_is_refused_by_key(capsys: pytest.CaptureFixture[str]) ->
         load_scenario(TINY, overrides=tuple(sets))
     argv = ["simulate", str(TINY), *(x for s in sets for x in ("--set", s))]
     assert main(argv) == 2
-    _one_line_error(capsys, "cluster.num_gpus", "1048576")
+    error_line(capsys, "cluster.num_gpus", "1048576")
 
 
 @pytest.mark.parametrize(
@@ -91,7 +87,7 @@ def test_per_node_counts_are_checked_as_a_server_file_is(
 ) -> None:
     """`model_copy` skipped `ServerSpec`'s checks: 3 NICs for 8 GPUs were priced as shares."""
     assert main(["simulate", str(TINY), "--set", "cluster.nics_per_node=3"]) == 2
-    _one_line_error(capsys, "cluster.gpus_per_node/nics_per_node", "nics_per_node = 3")
+    error_line(capsys, "cluster.gpus_per_node/nics_per_node", "nics_per_node = 3")
 
 
 def test_a_mesh_cut_to_fewer_gpus_keeps_the_links_among_them() -> None:

@@ -24,6 +24,7 @@ from simulator.sweep import check_address, run_sweep
 from simulator.sweep_eval import build_shared
 from simulator.sweep_folder import FIGURES
 from simulator.sweep_folder import inputs_digest as _inputs_digest
+from tests.support import error_line
 
 TINY = find_scenario("tiny-gpt-8gpu")
 ARGV = ["sweep", str(TINY), "--serial", "--no-progress"]
@@ -31,15 +32,6 @@ ARGV = ["sweep", str(TINY), "--serial", "--no-progress"]
 
 def _sweep(out: Path | str, *extra: str) -> int:
     return main([*ARGV, "--out", str(out), *extra])
-
-
-def _one_line_error(capsys: pytest.CaptureFixture[str], *needles: str) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tilesim: error: "), err
-    assert all(n in lines[0] for n in needles), err
-    return lines[0]
 
 
 @pytest.mark.parametrize(
@@ -60,7 +52,7 @@ def test_a_wrong_typed_sweep_value_is_refused_by_key(
     with pytest.raises(ConfigError, match=rf"^{key}: "):
         enumerate_space(load_scenario(TINY, overrides=(override,)))
     assert _sweep(tmp_path / "out", "--set", override) == 2
-    _one_line_error(capsys, key)
+    error_line(capsys, key)
     assert not (tmp_path / "out").exists()
 
 
@@ -86,7 +78,7 @@ def test_a_non_finite_number_is_refused_before_any_work(
     out = tmp_path / "out"
     extra = ("--set", "sweep.train_tokens=[1e9]", "--rank", "cost")
     assert _sweep(out, *extra, "--set", override) == 2
-    _one_line_error(capsys, key, "finite")
+    error_line(capsys, key, "finite")
     assert not out.exists()
 
 
@@ -105,7 +97,7 @@ def test_option_cluster_keys_follow_the_cluster_rules(
 ) -> None:
     out = tmp_path / "out"
     assert _sweep(out, "--set", f"sweep.options=[{option}]") == 2
-    _one_line_error(capsys, key)
+    error_line(capsys, key)
     assert not out.exists()
 
 
@@ -136,7 +128,7 @@ def test_two_options_with_one_id_are_refused(
     path.write_text(TINY.read_text() + options)
     out = tmp_path / "out"
     assert main(["sweep", str(path), "--serial", "--no-progress", "--out", str(out)]) == 2
-    _one_line_error(capsys, "sweep.options[1]: duplicate option id")
+    error_line(capsys, "sweep.options[1]: duplicate option id")
     assert not out.exists()
 
 
@@ -236,7 +228,7 @@ def test_plot_of_foreign_rows_names_the_file(
     else:
         rows.write_bytes(content)
     assert main(["plot", str(tmp_path)]) == 2
-    _one_line_error(capsys, needle)
+    error_line(capsys, needle)
 
 
 def test_plot_refuses_nan_and_a_folder_where_a_figure_goes(
@@ -250,11 +242,11 @@ def test_plot_refuses_nan_and_a_folder_where_a_figure_goes(
     (bad / "rows.jsonl").write_text(json.dumps(row | {"screen_iteration_s": math.nan}) + "\n")
     capsys.readouterr()
     assert main(["plot", str(bad)]) == 2
-    _one_line_error(capsys, "rows.jsonl:1", "NaN")
+    error_line(capsys, "rows.jsonl:1", "NaN")
     (tmp_path / "ok" / "pareto.png").unlink()
     (tmp_path / "ok" / "pareto.png").mkdir()
     assert main(["plot", str(tmp_path / "ok")]) == 2
-    _one_line_error(capsys, "pareto.png is not a file")
+    error_line(capsys, "pareto.png is not a file")
 
 
 @pytest.mark.parametrize(
@@ -284,7 +276,7 @@ def test_plot_of_hand_edited_rows_names_the_line_and_column(
     (edited / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     capsys.readouterr()
     assert main(["plot", str(edited)]) == 2
-    _one_line_error(capsys, f"rows.jsonl:{n + 1}: not a sweep row ({column}")
+    error_line(capsys, f"rows.jsonl:{n + 1}: not a sweep row ({column}")
     assert sorted(p.name for p in edited.iterdir()) == ["rows.jsonl"]
 
 
@@ -296,7 +288,7 @@ def test_plot_of_the_sweep_log_is_refused(
     before = {p.name: p.read_bytes() for p in (tmp_path / "ok").iterdir()}
     capsys.readouterr()
     assert main(["plot", str(tmp_path / "ok" / "progress.jsonl")]) == 2
-    _one_line_error(capsys, "progress.jsonl: not a rows.jsonl")
+    error_line(capsys, "progress.jsonl: not a rows.jsonl")
     assert {p.name: p.read_bytes() for p in (tmp_path / "ok").iterdir()} == before
     assert main(["plot", str(tmp_path / "ok" / "rows.jsonl")]) == 0
 
@@ -355,7 +347,7 @@ def test_a_folder_where_the_sweep_writes_a_file_is_refused_before_work(
     out = tmp_path / "out"
     (out / name).mkdir(parents=True)
     assert _sweep(out) == 2
-    _one_line_error(capsys, f"{out / name} is not a file")
+    error_line(capsys, f"{out / name} is not a file")
     assert sorted(p.name for p in out.iterdir()) == [name]
 
 
@@ -367,7 +359,7 @@ def test_a_malformed_address_is_refused_by_name(
     out = tmp_path / "out"
     argv = ["sweep", str(TINY), "--no-progress", "--out", str(out), "--address", address]
     assert main(argv) == 2
-    _one_line_error(capsys, "--address", "HOST:PORT", "auto", "ray://")
+    error_line(capsys, "--address", "HOST:PORT", "auto", "ray://")
     assert not out.exists()
 
 
@@ -423,7 +415,7 @@ def test_an_empty_out_is_refused(
     """``--out ''`` wrote into the current folder."""
     monkeypatch.chdir(tmp_path)
     assert _sweep("") == 2
-    _one_line_error(capsys, "--out ''")
+    error_line(capsys, "--out ''")
     assert main(["plot", ""]) == 2
     assert list(tmp_path.iterdir()) == []
 
