@@ -184,7 +184,10 @@ def hierarchical(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
 
 
 def direct(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
-    """Pairwise exchange for all-to-all and send/recv; NIC-bound across nodes."""
+    """Pairwise exchange for all-to-all and send/recv; NIC-bound across nodes.
+
+    In a node an all-to-all sends to every peer at once: on a switch or PCIe the GPU's link
+    carries (ppn - 1)/n S; on a mesh each pair's own links do (`GroupLinks`)."""
     if op not in ("all-to-all", "send-recv"):
         return None
     if op == "send-recv":
@@ -194,7 +197,8 @@ def direct(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
         bw = g.inter_bw_bytes_per_s / g.ranks_per_node
         return [Phase(nbytes, bw, g.inter_latency_s, 0.0)]
     n, ppn = g.size, g.ranks_per_node
-    intra_s = nbytes * (ppn - 1) / n / g.intra_bw_bytes_per_s if ppn > 1 else 0.0
+    intra_bw = g.a2a_intra_bw_bytes_per_s or g.intra_bw_bytes_per_s  # a mesh: per-pair links
+    intra_s = nbytes * (ppn - 1) / n / intra_bw if ppn > 1 else 0.0
     inter_s = 0.0
     if g.num_nodes > 1:
         inter_s = nbytes * (n - ppn) / n / (g.inter_bw_bytes_per_s / ppn)
