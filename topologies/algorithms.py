@@ -91,10 +91,11 @@ def ring(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
 def _tree_node_sends(num_nodes: int) -> float:
     """Bytes a node sends to other nodes per byte of S in a double binary tree all-reduce.
 
-    Each tree carries S/2 up and down; a node is interior (a parent, two children: 1.5 x S/2
-    out) in one tree and a leaf (S/2 out) in the other, 2S in all; on 2 nodes each is root of
-    one tree and the other's only child, S in all (NCCL's tuner prices trees on <= 2 nodes at
-    the intra-node rate, on more at the inter-node one)."""
+    Each tree carries S/2 up and down; a node is interior (S/2 to its parent, S/2 to each of
+    two children: 3 x S/2 out) in one tree and a leaf (S/2 out) in the other, 2S in all, and
+    as much in; on 2 nodes each is root of one tree and the other's only child, S in all
+    (NCCL's tuner prices trees on <= 2 nodes at the intra-node rate, on more at the
+    inter-node one)."""
     return 1.0 if num_nodes == 2 else 2.0
 
 
@@ -107,6 +108,8 @@ def tree(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
     if op != "all-reduce":
         return None
     hops_intra = 2 * (g.ranks_per_node - 1)
+    # whole tree levels: ceil(log2 nodes); collectives.md section 3 writes log2(nNodes), the same
+    # for a power of two; other node counts are rounded up here, deliberately (3 nodes: 2 levels)
     hops_inter = 2 * math.ceil(math.log2(g.num_nodes)) if g.num_nodes > 1 else 0
     bw = g.intra_bw_bytes_per_s if g.ranks_per_node > 1 else math.inf
     if g.num_nodes > 1:
