@@ -53,15 +53,6 @@ def test_dgx1_all_to_all_is_bound_by_its_slowest_pair(
     assert _a2a_data_s("dgx1-v100", ranks) == pytest.approx(want_s, rel=1e-12)
 
 
-def test_dgx1_all_to_all_over_two_nodes_takes_the_slower_of_node_and_nics() -> None:
-    """2 x 8 GPUs: 7/16 S in the node (GPU 0: 3 x S/16 over PCIe) beside 8/16 S over a GPU's
-    half of an EDR NIC (4 NICs for 8 GPUs); the NICs hang off PCIe switches, not the NVLinks."""
-    c = load_cluster("dgx1-v100", gpus=16)
-    nic = c.network.link.effective_bw_bytes_per_s * 4 / 8 if c.network else 0.0
-    want = max(3 * S / 16 / (PCIE3_X16 * EFFICIENCY), 8 / 16 * S / nic)
-    assert _a2a_data_s("dgx1-v100", tuple(range(16)), gpus=16) == pytest.approx(want, rel=1e-12)
-
-
 def test_full_mesh_all_to_all_equals_the_ring_rate() -> None:
     """MI300X, one xGMI link a pair: each of k - 1 peers gets one link, which is the rings'
     k - 1 links of 7, so the all-to-all's numbers are those of the ring rate, as before."""
