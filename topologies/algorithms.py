@@ -91,10 +91,11 @@ def ring(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
 def _tree_node_sends(num_nodes: int) -> float:
     """Bytes a node sends to other nodes per byte of S in a double binary tree all-reduce.
 
-    Each tree carries S/2 up and down; a node is interior (a parent, two children: 1.5 x S/2
-    out) in one tree and a leaf (S/2 out) in the other, 2S in all; on 2 nodes each is root of
-    one tree and the other's only child, S in all (NCCL's tuner prices trees on <= 2 nodes at
-    the intra-node rate, on more at the inter-node one)."""
+    Each tree carries S/2 up and down; a node is interior (S/2 to its parent, S/2 to each of
+    two children: 3 x S/2 out) in one tree and a leaf (S/2 out) in the other, 2S in all, and
+    as much in; on 2 nodes each is root of one tree and the other's only child, S in all
+    (NCCL's tuner prices trees on <= 2 nodes at the intra-node rate, on more at the
+    inter-node one)."""
     return 1.0 if num_nodes == 2 else 2.0
 
 
@@ -107,6 +108,8 @@ def tree(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
     if op != "all-reduce":
         return None
     hops_intra = 2 * (g.ranks_per_node - 1)
+    # whole tree levels: ceil(log2 nodes); collectives.md section 3 writes log2(nNodes), the same
+    # for a power of two; other node counts are rounded up here, deliberately (3 nodes: 2 levels)
     hops_inter = 2 * math.ceil(math.log2(g.num_nodes)) if g.num_nodes > 1 else 0
     bw = g.intra_bw_bytes_per_s if g.ranks_per_node > 1 else math.inf
     if g.num_nodes > 1:
@@ -184,7 +187,10 @@ def hierarchical(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
 
 
 def direct(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
-    """Pairwise exchange for all-to-all and send/recv; NIC-bound across nodes."""
+    """Pairwise exchange for all-to-all and send/recv; NIC-bound across nodes.
+
+    In a node an all-to-all sends to every peer at once: on a switch or PCIe the GPU's link
+    carries (ppn - 1)/n S; on a mesh each pair's own links do (`GroupLinks`)."""
     if op not in ("all-to-all", "send-recv"):
         return None
     if op == "send-recv":
@@ -194,7 +200,8 @@ def direct(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
         bw = g.inter_bw_bytes_per_s / g.ranks_per_node
         return [Phase(nbytes, bw, g.inter_latency_s, 0.0)]
     n, ppn = g.size, g.ranks_per_node
-    intra_s = nbytes * (ppn - 1) / n / g.intra_bw_bytes_per_s if ppn > 1 else 0.0
+    intra_bw = g.a2a_intra_bw_bytes_per_s or g.intra_bw_bytes_per_s  # a mesh: per-pair links
+    intra_s = nbytes * (ppn - 1) / n / intra_bw if ppn > 1 else 0.0
     inter_s = 0.0
     if g.num_nodes > 1:
         inter_s = nbytes * (n - ppn) / n / (g.inter_bw_bytes_per_s / ppn)

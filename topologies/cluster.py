@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from topologies.mesh import group_share
+from topologies.mesh import all_to_all_share, group_share
 from topologies.spec import ClusterSpec, LinkTier, NVLSSpec, TierKind, TopologyError
 
 MEGATRON_ORDER: tuple[str, ...] = ("tp", "dp", "pp")
@@ -28,6 +28,10 @@ class GroupLinks:
     PCIe server no more than those ranks' x16 links carry, since the NICs hang off them).
     ``nic_on_intra_link``: a GPU reaches its NIC over the same link it reaches its peers by
     (a PCIe-only server: one x16 link carries both), so intra and inter traffic add up.
+    ``a2a_intra_bw_bytes_per_s``: the rate at which a rank's in-node all-to-all traffic drains
+    where that is not the ring rate (a mesh whose pairs differ in links, or have none:
+    `topologies.mesh.all_to_all_share`); None on a switch or a PCIe fabric, where the GPU's one
+    link carries both.
     """
 
     size: int
@@ -41,6 +45,7 @@ class GroupLinks:
     launch_latency_s: float
     nvls: NVLSSpec | None
     nic_on_intra_link: bool = False
+    a2a_intra_bw_bytes_per_s: float | None = None
 
 
 class Cluster:
@@ -133,9 +138,12 @@ class Cluster:
             per_node.setdefault(self.node_of(r), []).append(self.local_rank_of(r))
         ppn = max(len(v) for v in per_node.values())
         intra = self.server.intra
-        intra_scale = min(self._scale("intra", n, lr) for n, ls in per_node.items() for lr in ls)
+        degraded = min(self._scale("intra", n, lr) for n, ls in per_node.items() for lr in ls)
+        intra_scale, a2a_bw = degraded, None
         if self.server.fabric == "mesh":  # rings use only the links among the group's GPUs
             intra_scale *= group_share(self.server, per_node.values())
+            share = all_to_all_share(self.server, per_node.values(), ppn)
+            a2a_bw = intra.effective_bw_bytes_per_s * degraded * share
         return GroupLinks(
             size=len(ranks),
             num_nodes=len(per_node),
@@ -148,6 +156,7 @@ class Cluster:
             launch_latency_s=self.server.launch_latency_s,
             nvls=self.server.nvls if self.server.fabric == "nvswitch" else None,
             nic_on_intra_link=self.server.fabric == "pcie",
+            a2a_intra_bw_bytes_per_s=a2a_bw,
         )
 
     def _inter_bw(self, per_node: dict[int, list[int]]) -> float:

@@ -11,6 +11,10 @@ per set of GPUs. A cycle run both ways loads each of its links once per directio
 packing of directed rings averaged with its reverse is one of those, so the rate is twice the
 largest fractional packing of undirected cycles. Two GPUs: a ring of two uses every link
 joining them. Upper bound: the fewest links any GPU has to the others of the group.
+
+An all-to-all is no ring: each GPU sends its share to every peer at once, each over the links
+joining the two (`all_to_all_share`), so the slowest pair, or the host path that the peers with
+no link share, bounds it (collectives.md section 2: per-pair bandwidth matters off a switch).
 """
 
 from __future__ import annotations
@@ -46,6 +50,32 @@ def group_share(server: ServerSpec, local_sets: Iterable[Iterable[int]]) -> floa
             links = ring_links(group, edges)
             shares.append(max(links / server.links_per_gpu, host))
     return min(shares, default=0.0)
+
+
+def all_to_all_share(server: ServerSpec, local_sets: Iterable[Iterable[int]], ppn: int) -> float:
+    """Fraction of a mesh GPU's line rate at which an all-to-all drains its in-node traffic.
+
+    Each GPU sends b bytes to every other GPU of the group on its node, all at once: to a peer
+    joined by ``l`` links in ``b / (l x line / links_per_gpu)``, to the ``u`` peers with none
+    over the one host path in ``u x b / host``, so the node takes ``b x T / line`` with T the
+    largest of ``links_per_gpu / l`` and ``u x line / host`` over its GPUs and peers. The
+    all-to-all prices ``(ppn - 1) x b`` at ``share x line``, ``ppn`` the most ranks on any
+    node, so ``share = (ppn - 1) / T`` of the slowest node; 0 when no node holds two ranks.
+    A full mesh (one link to each of k - 1 peers) gives ``(k - 1) / links_per_gpu``, its ring
+    share; the DGX-1's eight GPUs, three peers each on the host path, ``7 / 28.1``, not 1.
+    """
+    line = server.intra.bw_bytes_per_s_per_dir
+    host = server.host_bw_bytes_per_s_per_dir or 0.0
+    links = server.pair_links()
+    worst = 0.0
+    for gpus in local_sets:
+        group = sorted(gpus)
+        for g in group:
+            peers = [links.get((min(g, p), max(g, p)), 0) for p in group if p != g]
+            linked = [server.links_per_gpu / n for n in peers if n]
+            unlinked = len(peers) - len(linked)
+            worst = max(worst, *linked, unlinked * line / host if unlinked else 0.0)
+    return (ppn - 1) / worst if worst > 0 else 0.0
 
 
 @cache
