@@ -1,0 +1,36 @@
+"""``tilesim serve`` against closed forms (audit of session 16).
+
+* Tensor-parallel collectives move the hidden states' element type: bf16 under Megatron's fp8
+  (TransformerEngine's GEMMs return bf16, the output layer is a bf16 GEMM), as the training
+  collectives count them (`simulator.comm`); they were counted at 1 byte an element, half.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from forecast.gpus import load_gpu
+from forecast.kernels import Dtype
+from simulator.latency import latency_model_for
+from simulator.models import load_model
+from simulator.serve import ServeRequest, serve_forecast
+from topologies import collective_estimate
+from topologies.catalog import load_cluster
+
+H100 = "h100-sxm5-80gb"
+DERATED = latency_model_for("roofline-derated")
+
+
+@pytest.mark.parametrize(("framework", "item"), [("megatron", 2), ("hf-eager", 1)])
+def test_fp8_tensor_parallel_collectives_move_the_hidden_states_type(
+    framework: str, item: int
+) -> None:
+    """Llama 3 70B over a DGX H100's 8 GPUs, one 8-token prompt, one token: 2 x 80 + 1
+    all-reduces of 8 x 8192 activations and one all-gather of 128,256 logits, in bf16 under
+    Megatron's fp8 (it counted 1 byte) and in fp8 where HF eager runs every op in fp8."""
+    m, gpu, cluster = load_model("llama3-70b"), load_gpu(H100), load_cluster("dgx-h100", gpus=8)
+    req = ServeRequest(batch=1, prompt=8, gen=1, tp=8, dtype=Dtype.FP8, framework=framework)
+    res = serve_forecast(m, gpu, req, DERATED, cluster=cluster)
+    ar = collective_estimate("all-reduce", 8 * 8192 * item, range(8), cluster).time_s
+    ag = collective_estimate("all-gather", 128256 * item, range(8), cluster).time_s
+    assert res.comm_ms == pytest.approx((161 * ar + ag) * 1e3)
