@@ -8,7 +8,8 @@ the MLP's 16 of the 34 scale with ffn / 4h, and are 24 for SwiGLU: `parallel_uni
 layer adds the copies of each token it routes to its experts: `saved_bytes`); fp8 training
 under Megatron-LM (TransformerEngine) keeps bf16 activations but for the fp8 copies of the
 GEMMs' inputs (`saved_bytes`), and holds an fp8 copy of each GEMM weight and of its
-transpose (`gemm_weights`); inference keeps two layers' worth alive. Adam keeps two fp32
+transpose (`gemm_weights`); inference keeps two layers' worth alive, and in fp8 holds 1-byte
+GEMM weights beside bf16 tables, head and norms. Adam keeps two fp32
 moments per parameter, plus an fp32 master copy when training in a 16-bit type.
 """
 
@@ -221,7 +222,10 @@ def step_memory(
 
 def estimate_memory(model: ModelSpec, run: Workload, gpu: GPUSpec) -> MemoryEstimate:
     """Weights, gradients, Adam state and activations of one training step or inference
-    (the weights with TransformerEngine's cached fp8 copies when training in fp8)."""
+    (the weights with TransformerEngine's cached fp8 copies when training in fp8; inference
+    in Megatron's fp8 holds 1-byte weights for the GEMMs TE runs in fp8, `gemm_weights`, and
+    bf16 for the rest, whose ops run in bf16: the token table, the output head, norms, the
+    MoE router, biases; `inventory_megatron`)."""
     item = ITEMSIZE_BYTES[run.dtype]
     # the output layer is no fp8 GEMM under TransformerEngine: bf16 logits
     logit_item = activation_itemsize_bytes(run.dtype, run.framework)
@@ -243,10 +247,13 @@ def estimate_memory(model: ModelSpec, run: Workload, gpu: GPUSpec) -> MemoryEsti
         gpu=gpu,
         grad_bytes=grads,
     )
-    if not (train and te_fp8(run.dtype, run.framework)):
+    if not te_fp8(run.dtype, run.framework):
         return mem
-    # TE's cached fp8 weights and transposes, as `dist_memory` counts them
-    cache = FP8_WEIGHT_CACHE_BYTES_PER_ELEMENT * gemm_weights(model, model.num_layers)[0]
-    total = mem.total_bytes + cache
-    update = {"weights_bytes": mem.weights_bytes + cache, "total_bytes": total}
+    gemm = gemm_weights(model, model.num_layers)[0]
+    if train:  # TE's cached fp8 weights and transposes, as `dist_memory` counts them
+        extra = FP8_WEIGHT_CACHE_BYTES_PER_ELEMENT * gemm
+    else:  # only TE's linears hold fp8 weights: the tables, head, norms and router stay bf16
+        extra = (n - gemm) * (activation_itemsize_bytes(run.dtype, run.framework) - item)
+    total = mem.total_bytes + extra
+    update = {"weights_bytes": mem.weights_bytes + extra, "total_bytes": total}
     return mem.model_copy(update={**update, "fits": total <= usable_bytes(gpu)})

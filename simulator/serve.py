@@ -19,7 +19,9 @@ no speculative decoding). Memory holds the weights, the KV cache at its final le
 (``2 x layers x batch x kv_heads x head_dim x (prompt + gen)`` elements of
 `opgraph.Workload.kv_dtype`) and the prefill's activations; ``max_batch`` is the largest batch
 that fits, as all three but the weights grow with the batch. fp8 means fp8 weights and GEMMs:
-1-byte weights, while under ``megatron`` attention runs in bf16 and reads a bf16 KV cache (as
+1-byte weights (under ``megatron`` those of the layers' linears only: the token table, output
+head, norms and router run and stay in bf16, `memory.estimate_memory`), while under
+``megatron`` attention runs in bf16 and reads a bf16 KV cache (as
 TransformerEngine's recipe, and vLLM's fp8 weights without ``--kv-cache-dtype fp8``); an fp8
 KV cache is not modelled. MoE layers run only the experts their routed rows reach
 (`ModelSpec.routed_experts`: 2 of Mixtral's 8 at batch 1).

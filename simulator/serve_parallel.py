@@ -5,14 +5,16 @@ the heads, FFN columns and vocabulary (`shard`; KV heads are replicated where ``
 them, one a GPU), and each pass adds blocking collectives over NVLink (`comm.collective_s`):
 two all-reduces of the pass's ``tokens x hidden`` activations a layer (attention and MLP
 outputs), one after the vocabulary-parallel embedding, and an all-gather of the last tokens'
-logits (`tp_comm_s`).
+logits (`tp_comm_s`). Both move the hidden states' element type
+(`memory.activation_itemsize_bytes`): bf16 under Megatron's fp8, whose GEMMs return bf16 and
+whose output layer is a bf16 GEMM, as the training collectives count them (`comm`).
 """
 
 from __future__ import annotations
 
-from forecast.kernels import ITEMSIZE_BYTES
 from simulator.comm import collective_s
 from simulator.errors import ConfigError
+from simulator.memory import activation_itemsize_bytes
 from simulator.models import ModelSpec
 from simulator.opgraph import Workload
 from simulator.stagecost import tp_shard
@@ -41,7 +43,7 @@ def tp_comm_s(model: ModelSpec, run: Workload, tp: int, cluster: Cluster | None)
     if cluster is None:
         raise ConfigError(f"--tp {tp} needs the server the GPUs sit in; give --server")
     ranks = range(tp)
-    item = ITEMSIZE_BYTES[run.dtype]
+    item = activation_itemsize_bytes(run.dtype, run.framework)
     activations = float(run.tokens * model.hidden_size * item)
     reduce_s = collective_s("all-reduce", activations, ranks, cluster)
     logits = float(run.logit_rows * model.vocab_size * item)

@@ -18,6 +18,7 @@ from forecast.gpus import load_gpu
 from forecast.kernels import GEMM_FAMILIES, Dtype, OpFamily
 from simulator.cli import main
 from simulator.latency import latency_model_for
+from simulator.memory import gemm_weights
 from simulator.models import ModelSpec, load_model
 from simulator.opgraph import OpGraph, Workload, build_ops
 from simulator.serve import ServeRequest, forecast_passes, kv_cache_bytes, serve_forecast
@@ -131,7 +132,9 @@ def test_fp8_serving_keeps_a_bf16_kv_cache_under_megatron() -> None:
     attention = {op.kernel for op in graph.ops if op.kernel.family is OpFamily.ATTENTION}
     assert {k.dtype for k in writes} == {k.dtype for k in attention} == {Dtype.BF16}
     res = serve_forecast(m, gpu, fp8, DERATED)
-    assert res.weights_gib * 2**30 == pytest.approx(m.num_params())  # 1 byte a weight
+    # 1 byte a GEMM weight, 2 the token table, head and norms (bf16 ops under TE's fp8)
+    gemm = gemm_weights(m, m.num_layers)[0]
+    assert res.weights_gib * 2**30 == pytest.approx(gemm + 2 * (m.num_params() - gemm))
     assert res.kv_cache_gib * 2**30 == kv_cache_bytes(m, bf16)
     # HF eager runs its eager attention in the workload's dtype: its cache is fp8 there
     eager = fp8.model_copy(update={"framework": "hf-eager"})
