@@ -28,8 +28,8 @@ the GEMMs save of their inputs: ``8 + 21/t`` for a GPT layer with flash attentio
 (`memory.saved_bytes`). The number of
 micro-batches in flight comes from the stage's schedule (`schedules.in_flight`). The last
 stage also holds the loss's fp32 softmax (``4*s*b*v/t``) of each micro-batch in flight through
-its last chunk: one under 1F1B, all ``m`` under GPipe. A fixed reserve covers the CUDA context
-and workspaces.
+its last chunk: one under 1F1B, all ``m`` under GPipe. A reserve covers the CUDA context and
+workspaces (``training.memory_reserved_gib``, 1 GiB unless raised for allocator fragmentation).
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from pydantic import BaseModel, ConfigDict
 from forecast.kernels import ITEMSIZE_BYTES
 from simulator.memory import (
     FP8_WEIGHT_CACHE_BYTES_PER_ELEMENT,
-    RESERVED_BYTES,
     activation_itemsize_bytes,
     grad_itemsize_bytes,
     param_itemsize_bytes,
@@ -188,10 +187,10 @@ def _weight_bytes(
 
 def _other_bytes(inputs: SimInputs, layout: Layout, stage: int) -> float:
     """Bytes on one GPU of ``stage`` besides the model state and the activations in flight:
-    the fixed reserve, one layer's full set while it is recomputed (full recompute), and on the
-    last stage the loss's fp32 softmax."""
+    the reserve (``training.memory_reserved_gib``), one layer's full set while it is
+    recomputed (full recompute), and on the last stage the loss's fp32 softmax."""
     run = layout.run
-    other = float(RESERVED_BYTES)
+    other = float(inputs.reserved_bytes)
     if run.recompute == "full":
         other += layer_activation_bytes(inputs, layout, working=True)
     if stage == run.pp - 1:

@@ -23,6 +23,7 @@ from forecast.gpus import GPUError, GPUSpec, load_gpu
 from forecast.kernels import Dtype
 from simulator.cluster_section import ClusterSection, beside_scenario, resolve_cluster
 from simulator.errors import ConfigError
+from simulator.memory import RESERVED_BYTES
 from simulator.model_section import INLINE_KEYS, ModelSection, inline_model
 from simulator.models import ModelSpec, load_model
 from simulator.opgraph import MAX_TOKENS, default_attention
@@ -70,6 +71,14 @@ class TrainingSection(BaseModel):
         description="kernel forecaster (auto: tile-mlp for fp32, the tensor-core and "
         "bandwidth models for other dtypes)",
     )
+    memory_reserved_gib: float = Field(
+        default=RESERVED_BYTES / 2**30,
+        ge=0,
+        le=1024,
+        allow_inf_nan=False,
+        description="GiB kept free on every GPU for the CUDA context and library workspaces; "
+        "raise it (e.g. 4-8) for the caching allocator's fragmentation, which is not modelled",
+    )
 
 
 class Scenario(BaseModel):
@@ -100,6 +109,7 @@ class SimInputs:
     framework: Literal["megatron", "hf-eager"]
     latency_model: str
     attention: Attention = "flash"
+    reserved_bytes: float = RESERVED_BYTES  # kept free on every GPU (training.memory_reserved_gib)
 
 
 def _set(raw: dict[str, Any], assignment: str) -> None:
@@ -234,4 +244,5 @@ def resolve(s: Scenario) -> SimInputs:
         framework=s.training.framework,
         latency_model=s.training.latency_model,
         attention=resolve_attention(s.training, gpu),
+        reserved_bytes=s.training.memory_reserved_gib * 2**30,
     )

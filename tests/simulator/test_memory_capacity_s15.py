@@ -5,7 +5,13 @@ workspaces, as a distributed stage's memory counts it. Read as 1e9 bytes, an 80 
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+import pytest
+
 from forecast.gpus import load_gpu
+from simulator.cli import main
 from simulator.memory import RESERVED_BYTES, estimate_memory, usable_bytes
 from simulator.models import load_model
 from simulator.opgraph import Workload
@@ -29,3 +35,23 @@ def test_a_single_gpu_estimate_fits_only_with_the_reserve_free() -> None:
     assert estimate_memory(model, run, edge).fits
     short = gpu.model_copy(update={"hbm_bytes": total + RESERVED_BYTES / 2})
     assert not estimate_memory(model, run, short).fits
+
+
+def _simulate(capsys: pytest.CaptureFixture[str], *sets: str) -> dict[str, Any]:
+    argv = ["simulate", "tiny-gpt-8gpu", "--json"]
+    code = main([*argv, *(a for s in sets for a in ("--set", s))])
+    return {"code": code, **json.loads(capsys.readouterr().out)}
+
+
+def test_a_scenario_can_keep_more_free_for_fragmentation(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`training.memory_reserved_gib` replaces the 1 GiB reserve in every stage's memory: the
+    bytes move one for one, and a layout that fits with 1 GiB does not with a margin that
+    leaves it no room."""
+    base = _simulate(capsys)
+    more = _simulate(capsys, "training.memory_reserved_gib=3.5")
+    assert more["memory_gib_per_gpu"] - base["memory_gib_per_gpu"] == pytest.approx(2.5)
+    assert base["fits"] and more["fits"]
+    full = _simulate(capsys, "training.memory_reserved_gib=80")  # all of an A100 80GB
+    assert not full["fits"] and full["code"] == 1

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator.dist_memory import RESERVED_BYTES, layer_activation_bytes, stage_memory
+from simulator.dist_memory import layer_activation_bytes, stage_memory
+from simulator.memory import RESERVED_BYTES
 from simulator.parallel import RunConfig
 from simulator.scenario import SimInputs, load_scenario, resolve
 from simulator.schedules import in_flight, stage_orders
