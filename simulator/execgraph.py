@@ -71,9 +71,9 @@ class Shape:
     overlap_grad_reduce: bool
     zero3: tuple[bool, ...]  # per stage: ZeRO-3 gathers present
     param_gather: tuple[bool, ...]  # per stage: parameter all-gather after the optimizer
-    blocking_sends: bool = False  # a send holds its stage's compute stream
     # per stage: a gradient reduce-scatter after every backward (ZeRO-3; ZeRO-2 accumulating)
-    scatters: tuple[bool, ...] = ()
+    scatters: tuple[bool, ...]
+    blocking_sends: bool = False  # a send holds its stage's compute stream
 
     @classmethod
     def of(cls, costs: StepCosts) -> Shape:
@@ -88,8 +88,8 @@ class Shape:
             overlap_grad_reduce=overlap,
             zero3=tuple(any(c.zero3_gather_s > 0 for c in row) for row in costs.chunks),
             param_gather=tuple(t > 0 for t in costs.param_gather_s),
-            blocking_sends=costs.blocking_sends,
             scatters=tuple(any(c.zero3_scatter_s > 0 for c in row) for row in costs.chunks),
+            blocking_sends=costs.blocking_sends,
         )
 
 
@@ -135,7 +135,7 @@ def exec_graph(shape: Shape) -> nx.DiGraph:
     _add_pipeline_edges(g, shape, ends)
     for s, order in enumerate(orders):
         last = ends[(order[-1].phase, s, order[-1].chunk, order[-1].micro)][1]
-        per_task = shape.zero3[s] or (bool(shape.scatters) and shape.scatters[s])
+        per_task = shape.zero3[s] or shape.scatters[s]
         comm = _add_zero3(g, s, order, ends, gathers=shape.zero3[s]) if per_task else []
         comm += _add_grad_sync(g, shape, s, order, last)
         _chain(g, comm)
