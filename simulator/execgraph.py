@@ -30,6 +30,9 @@ Schema (node id -> attributes; every node has ``kind``, ``stage``, ``stream`` an
   each backward's are reduced before the next accumulates (DeepSpeed, FSDP SHARD_GRAD_OP).
 * ``("O", stage)``: ``kind="optimizer"``, ``stream="compute"``; the optimizer step.
 * ``("A", stage)``: ``comm="dp"``; all-gather of updated parameters (sharded optimizer).
+* ``("E",)``: ``comm="pp"``, ``stream="pp"``, ``stage=0``; the tied word embedding's gradient
+  all-reduce between the first and the last stage (`simulator.embedding_grads`): after both
+  stages' last backward and gradient reductions, before both stages' optimizer steps.
 
 Edges (attribute ``dep``): ``"stream"`` (consecutive tasks of one stream of one stage, in
 schedule order) and ``"data"`` (activations forward, gradients backward, gradients to their
@@ -52,7 +55,7 @@ from typing import Any
 import networkx as nx
 
 from simulator.schedules import Slot, stage_orders
-from simulator.task_costs import PP_HOP, CostKey, StepCosts
+from simulator.task_costs import EMBEDDING_SYNC, PP_HOP, CostKey, StepCosts
 
 Node = tuple[Any, ...]
 Ends = tuple[Node, Node]  # first and last piece of one task
@@ -74,6 +77,7 @@ class Shape:
     # per stage: a gradient reduce-scatter after every backward (ZeRO-3; ZeRO-2 accumulating)
     scatters: tuple[bool, ...]
     blocking_sends: bool = False  # a send holds its stage's compute stream
+    embedding_sync: bool = False  # the tied embedding's all-reduce, first and last stage
 
     @classmethod
     def of(cls, costs: StepCosts) -> Shape:
@@ -90,6 +94,7 @@ class Shape:
             param_gather=tuple(t > 0 for t in costs.param_gather_s),
             scatters=tuple(any(c.zero3_scatter_s > 0 for c in row) for row in costs.chunks),
             blocking_sends=costs.blocking_sends,
+            embedding_sync=costs.embedding_sync_s > 0 and costs.pp > 1,
         )
 
 
@@ -133,15 +138,20 @@ def exec_graph(shape: Shape) -> nx.DiGraph:
     for s, order in enumerate(orders):
         _add_stage_tasks(g, shape, s, order, ends)
     _add_pipeline_edges(g, shape, ends)
+    ready: list[list[Node]] = []  # per stage: what its optimizer step waits for
     for s, order in enumerate(orders):
         last = ends[(order[-1].phase, s, order[-1].chunk, order[-1].micro)][1]
         per_task = shape.zero3[s] or shape.scatters[s]
         comm = _add_zero3(g, s, order, ends, gathers=shape.zero3[s]) if per_task else []
         comm += _add_grad_sync(g, shape, s, order, last)
         _chain(g, comm)
+        ready.append([last, *comm])
+    if shape.embedding_sync:
+        _add_embedding_sync(g, ready, shape.pp)
+    for s, srcs in enumerate(ready):
         opt = ("O", s)
         g.add_node(opt, kind="optimizer", stage=s, stream="compute", cost=("optimizer", s))
-        g.add_edges_from(((src, opt) for src in [last, *comm]), dep="data")
+        g.add_edges_from(((src, opt) for src in srcs), dep="data")
         if shape.param_gather[s]:
             _add_comm(g, ("A", s), s, "dp", ("param_gather", s))
             g.add_edge(opt, ("A", s), dep="data")
@@ -259,6 +269,17 @@ def _add_grad_sync(
             g.add_edge(src, node, dep="data")
             nodes.append(node)
     return nodes
+
+
+def _add_embedding_sync(g: nx.DiGraph, ready: list[list[Node]], pp: int) -> None:
+    """The tied embedding's all-reduce: it waits for the first and the last stage's last
+    backward and gradient reductions (Megatron's ``finish_grad_sync`` comes first), and both
+    stages' optimizer steps wait for it (``ready`` gains it on those two stages)."""
+    node: Node = ("E",)
+    _add_comm(g, node, 0, "pp", EMBEDDING_SYNC)
+    for s in (0, pp - 1):
+        g.add_edges_from(((src, node) for src in ready[s]), dep="data")
+        ready[s] = [*ready[s], node]
 
 
 def task_label(node: Node) -> str:

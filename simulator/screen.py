@@ -16,7 +16,8 @@ forward or backward, the cycles they close pace the steady state instead
 paced by its own slowest stage (`pipeline_forms.forward_backward_s`). The DP gradient reduction
 (expert gradients over their expert-data-parallel group, as `comm` prices them) of each stage
 hides, all but its last bucket, behind the last backward when it overlaps;
-the sharded optimizer's parameter all-gather and the optimizer step are added. ZeRO-3's
+the sharded optimizer's parameter all-gather and the optimizer step are added, and a tied
+embedding's gradient all-reduce between the first and the last stage (`embedding_grads`). ZeRO-3's
 gathers and scatters share one stream that hides under compute but for its first gather and
 last scatter, or sets the pace (`_with_zero3_s`), and so do ZeRO-2's scatters after every
 backward when it accumulates over micro-batches; ``deepspeed-2021`` ZeRO-3 blocks each
@@ -42,6 +43,7 @@ from simulator.comm import (
     zero3_blocking_s,
 )
 from simulator.dist_memory import MemoryBreakdown, stage_memory
+from simulator.embedding_grads import embedding_grad_sync_s
 from simulator.memory import grad_itemsize_bytes, param_itemsize_bytes
 from simulator.parallel import Layout, RunConfig
 from simulator.pipeline_forms import forward_backward_s, in_flight_closed, pipeline_sends_s
@@ -99,6 +101,15 @@ class ScreenCache:
             expert = stage_expert_params(self.inputs, layout)
             self.params[key] = list(zip(total, expert, strict=True))
         return self.params[key]
+
+    def embedding_sync(self, layout: Layout) -> float:
+        """The tied embedding's gradient all-reduce (`embedding_grads`), per TP width and
+        where the first and the last stage lie."""
+        r = layout.run
+        key = ("embedding", r.tp, r.cp, r.pp, layout.dp)
+        if key not in self.colls:
+            self.colls[key] = embedding_grad_sync_s(self.inputs, layout)
+        return self.colls[key]
 
     def dp(self, op: str, nbytes: float, layout: Layout, *, expert: bool = False) -> float:
         """One collective over the layout's DP group (``expert``: its expert-data-parallel
@@ -273,7 +284,8 @@ def screen(cache: ScreenCache, run: RunConfig) -> Screened:
     tail = max(
         _dp_s(cache, layout, p, last_bw) + optimizer_params(*p, layout) * adam for p in set(params)
     )
-    iteration = fb + tail
+    # the tied embedding's all-reduce between the first and last stage, before their updates
+    iteration = fb + tail + cache.embedding_sync(layout)
     return Screened(
         iteration_s=iteration,
         tokens_per_s=inputs.global_batch_size * inputs.seq_len / iteration,

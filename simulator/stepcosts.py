@@ -29,6 +29,7 @@ from simulator.comm import (
     param_gather_exposed_s,
     zero3_blocking_s,
 )
+from simulator.embedding_grads import embedding_grad_sync_s
 from simulator.parallel import Layout, RunConfig
 from simulator.scenario import SimInputs
 from simulator.shard_params import chunk_expert_params, chunk_params
@@ -153,6 +154,7 @@ def step_costs(inputs: SimInputs, layout: Layout, table: LatencyTable) -> StepCo
         overlap_grad_reduce=run.overlap_grad_reduce,
         buckets=run.buckets,
         blocking_sends=run.pp_blocking_sends and pp > 1,
+        embedding_sync_s=embedding_grad_sync_s(inputs, layout),
     )
 
 

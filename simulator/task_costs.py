@@ -9,6 +9,8 @@ names on its nodes and timed edges. `StepCosts.seconds` prices a key:
   parameter all-gather or gradient reduce-scatter;
 * ``("optimizer", stage)`` / ``("param_gather", stage)``: the optimizer step and the
   all-gather of updated parameters after it;
+* ``("embedding_sync",)``: the tied word embedding's gradient all-reduce between the first
+  and the last stage (`simulator.embedding_grads`);
 * `PP_HOP`: one pipeline send-recv.
 """
 
@@ -19,6 +21,7 @@ from typing import Any
 
 CostKey = tuple[Any, ...]
 PP_HOP: CostKey = ("pp_hop",)
+EMBEDDING_SYNC: CostKey = ("embedding_sync",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +62,7 @@ class StepCosts:
     overlap_grad_reduce: bool = True
     buckets: int = 1
     blocking_sends: bool = False
+    embedding_sync_s: float = 0.0  # tied embedding's all-reduce, first and last stage
 
     @property
     def pp(self) -> int:
@@ -87,6 +91,8 @@ class StepCosts:
             return self.optimizer_s[key[1]]
         if kind == "param_gather":
             return self.param_gather_s[key[1]]
+        if key == EMBEDDING_SYNC:
+            return self.embedding_sync_s
         if key == PP_HOP:
             return self.pp_hop_s
         raise KeyError(key)

@@ -42,6 +42,8 @@ def event_name(node: Node, *, chunks: int = 1, cut: bool = False) -> str:
         return "dp parameter all-gather"
     if kind == "O":
         return "optimizer"
+    if kind == "E":
+        return "tied embedding gradient all-reduce (first and last stage)"
     return task_label(node)
 
 
