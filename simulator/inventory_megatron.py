@@ -188,7 +188,9 @@ def _moe_ffn(m: ModelSpec, z: Sizes, *, train: bool) -> list[FrameworkOp]:
     # sequence of the micro-batch; under cp `stagecost.shard_model` scales it to s / cp.
     # An expert no routed row reaches runs nothing (`ModelSpec.expert_groups`).
     dt = activation_dtype(z.dt)
-    routed = (z.T * m.experts_per_token, z.H)
+    # the permutes move the rows the experts run: those a capacity keeps (Megatron-core's
+    # dispatcher permutes num_out_tokens = the kept rows, dropless: tokens x k)
+    routed = (m.routed_rows(z.T, z.B), z.H)
     experts = [
         op
         for rows, n in m.expert_groups(z.T, z.B)

@@ -105,6 +105,12 @@ class ModelSpec(BaseModel):
             capped[min(rows, cap * sequences)] = capped.get(min(rows, cap * sequences), 0) + n
         return tuple(capped.items())
 
+    def routed_rows(self, tokens: int, sequences: int = 1) -> int:
+        """Rows this GPU's experts run (`expert_groups`): ``tokens x experts_per_token`` unless
+        an ``expert_capacity`` drops some; under balanced routing as many leave each GPU of
+        the expert-parallel group in its all-to-all as arrive."""
+        return sum(rows * n for rows, n in self.expert_groups(tokens, sequences))
+
     def expert_rows(self, tokens: int, sequences: int = 1) -> int:
         """Rows of this GPU's busiest expert (`expert_groups`)."""
         return self.expert_groups(tokens, sequences)[0][0]
