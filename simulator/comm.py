@@ -25,14 +25,16 @@ sequence-parallel all-gathers, which TE quantizes first: ``A / 2``, `te_gather_b
   (selective or full recompute) runs its forward ring again (`stepcosts`).
 * EP (MoE), per MoE layer: 2 all-to-alls of ``A * experts_per_token`` forward, 2 backward,
   ``/ tp`` with sequence parallelism (each TP rank dispatches its own ``s / tp`` tokens).
-  Without sequence parallelism (tp 1) the whole micro-batch is dispatched.
+  Without sequence parallelism (tp 1) the whole micro-batch is dispatched. An expert capacity
+  that binds drops rows before the dispatch: both move the kept share (`routed_share`).
 * TP of a MoE layer's experts (Megatron-core's ``MoEAlltoAllTokenDispatcher``,
   megatron/core/transformer/moe/token_dispatcher.py): after the all-to-all the expert shards
   all-gather the routed tokens over TP (``gather_from_sequence_parallel_region``) and
   reduce-scatter the experts' output before the all-to-all back; each token goes to ``k =
-  experts_per_token`` experts, so both move ``k * A``. The expert linears run with
-  ``explicit_expert_comm`` (no collective of their own, the gathered input saved whole): no
-  backward re-gather, nothing overlapped with their GEMMs; backward runs the same two
+  experts_per_token`` experts, so both move ``k * A`` (the kept share of it, `routed_share`).
+  The expert linears run with ``explicit_expert_comm`` (no collective of their own, the
+  gathered input saved whole): no backward re-gather, nothing overlapped with their GEMMs;
+  backward runs the same two
   (the all-gather of the output gradient, the reduce-scatter of the input gradient); MoE with
   tp > 1 runs under sequence parallelism only (`parallel.check_run`, as Megatron-LM asserts).
   The attention's linears keep the dense pattern of ``A``
@@ -67,6 +69,7 @@ from simulator.opgraph import te_fp8
 from simulator.parallel import Layout
 from simulator.scenario import SimInputs
 from simulator.shard_params import end_tensors
+from simulator.stagecost import shard_model
 from topologies import Cluster, collective_estimate, collective_time_s
 from topologies.algorithms import Op
 
@@ -176,7 +179,7 @@ def _tp_moe_s(inputs: SimInputs, layout: Layout, a: float) -> float:
     m, g, cl = inputs.model, layout.tp_group, inputs.cluster
     if not (m.num_experts > 1 and layout.run.sequence_parallel):
         return 0.0
-    ka = a * m.experts_per_token  # the routed tokens an expert shard gathers
+    ka = a * m.experts_per_token * routed_share(inputs, layout)  # the rows it gathers
     return collective_s("all-gather", ka, g, cl) + collective_s("reduce-scatter", ka, g, cl)
 
 
@@ -187,8 +190,21 @@ def _ep_s(inputs: SimInputs, layout: Layout, a: float) -> float:
         return 0.0
     # each TP rank dispatches its own s/tp tokens under sequence parallelism (Megatron-core's
     # all-to-all dispatcher: num_local_tokens = s/tp x b), its expert shard then gathering them
-    a2a = a * m.experts_per_token / (run.tp if run.sequence_parallel else 1)
+    a2a = a * m.experts_per_token * routed_share(inputs, layout)
+    a2a /= run.tp if run.sequence_parallel else 1
     return 2 * collective_s("all-to-all", a2a, layout.ep_group, inputs.cluster)
+
+
+def routed_share(inputs: SimInputs, layout: Layout) -> float:
+    """Share of a rank's ``tokens x experts_per_token`` routed rows that its experts run and
+    its dispatcher moves: 1, or under an ``expert_capacity`` that binds what the cap keeps
+    (Megatron-core's all-to-all dispatcher with a capacity factor and no padding permutes and
+    sends ``num_out_tokens``, the kept rows; `ModelSpec.routed_rows` of the shard, whose cap
+    `stagecost.shard_model` scales to the rank's ``s / cp``)."""
+    run, m = layout.run, inputs.model
+    tokens = run.micro_batch_size * inputs.seq_len // run.cp
+    rows = shard_model(m, run).routed_rows(tokens, run.micro_batch_size)
+    return rows / (tokens * m.experts_per_token)
 
 
 def _dp_collective_s(

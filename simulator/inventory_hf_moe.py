@@ -5,10 +5,13 @@ Llama is not checked against a per-op trace (the NeuSight labels have none); Swi
 its one full-model trace on L4 (T5 attention has no score scaling; the position bias is a
 full-size add). Expert FFNs see ``tokens * experts_per_token / num_experts`` tokens
 each (balanced routing), at most ``expert_capacity`` per sequence (HF Switch drops the rest);
-with fewer routed rows than experts (decoding) only ``tokens * experts_per_token`` of them run.
+with few routed rows (decoding) only the experts they are expected to reach run
+(`ModelSpec.expert_groups`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from forecast.kernels import Dtype
 from simulator import oprules as r
@@ -54,19 +57,27 @@ def swiglu_ffn(name: str, rows: int, z: Sizes) -> list[FrameworkOp]:
     ]
 
 
-def moe_ffn(m: ModelSpec, z: Sizes, expert: list[FrameworkOp], rows: int) -> list[FrameworkOp]:
-    """Router, per-expert gather, expert FFN, weighted scatter-add: ``num_experts`` times."""
+def moe_ffn(
+    m: ModelSpec, z: Sizes, expert: Callable[[int], list[FrameworkOp]]
+) -> list[FrameworkOp]:
+    """Router, then per expert hit: gather, the expert FFN ``expert(rows)``, weighted
+    scatter-add (`ModelSpec.expert_groups`: an EP shard's own experts, those a row reaches)."""
     router = [
         r.linear("router", z.T, (z.H, m.num_experts), z.dt, bias=False),
         r.softmax("router_softmax", z.T, m.num_experts, z.dt),
     ]
     per_expert = [
-        r.memory("gather", "copy", (rows, z.H), z.dt, bw_op="embedding"),
-        *expert,
-        r.elementwise("route_weight", "mulu", (rows, z.H), z.dt),
-        r.memory("scatter", "embedding", (rows, z.H), z.dt, bw_op="copy"),
+        op
+        for rows, n in m.expert_groups(z.T, z.B)
+        for op in [
+            r.memory("gather", "copy", (rows, z.H), z.dt, bw_op="embedding"),
+            *expert(rows),
+            r.elementwise("route_weight", "mulu", (rows, z.H), z.dt),
+            r.memory("scatter", "embedding", (rows, z.H), z.dt, bw_op="copy"),
+        ]
+        * n
     ]
-    return router + per_expert * m.routed_experts(z.T)  # an EP shard: its own, those hit
+    return router + per_expert
 
 
 def llama(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
@@ -75,8 +86,7 @@ def llama(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     qd, kvd = z.nh * z.d, z.kv * z.d
     ffn: list[FrameworkOp] = swiglu_ffn("mlp", z.T, z)
     if m.num_experts > 1:
-        rows = m.expert_rows(z.T, z.B)
-        ffn = moe_ffn(m, z, swiglu_ffn("expert", rows, z), rows)
+        ffn = moe_ffn(m, z, lambda rows: swiglu_ffn("expert", rows, z))
     repeat_kv = [r.memory(f"repeat_{x}", "copy", (z.B * z.keys, qd), z.dt) for x in "kv"]
     layer = [
         *rmsnorm("input_norm", z.T, z.H, z.dt),
@@ -118,15 +128,17 @@ def _t5_attention(z: Sizes, tag: str) -> list[FrameworkOp]:
     ]
 
 
-def _t5_ffn(m: ModelSpec, z: Sizes, *, moe: bool) -> list[FrameworkOp]:
-    rows = m.expert_rows(z.T, z.B) if moe else z.T
-    dense = [
+def _t5_dense(z: Sizes, rows: int) -> list[FrameworkOp]:
+    return [
         r.linear("wi", rows, (z.H, z.F), z.dt, bias=False),
         r.elementwise("relu", "relu", (rows, z.F), z.dt),
         r.dropout("ffn_dropout", rows, z.F, z.dt),
         r.linear("wo", rows, (z.F, z.H), z.dt, bias=False),
     ]
-    body = moe_ffn(m, z, dense, rows) if moe else dense
+
+
+def _t5_ffn(m: ModelSpec, z: Sizes, *, moe: bool) -> list[FrameworkOp]:
+    body = moe_ffn(m, z, lambda rows: _t5_dense(z, rows)) if moe else _t5_dense(z, z.T)
     norm = rmsnorm("ffn_norm", z.T, z.H, z.dt)
     return [
         *norm,

@@ -185,14 +185,21 @@ def _moe_ffn(m: ModelSpec, z: Sizes, *, train: bool) -> list[FrameworkOp]:
     # Megatron-core caps each expert at ceil(f * local tokens * k / E) (router's
     # topk_softmax_with_capacity, capacity_factor f): proportional to a micro-batch's
     # tokens, i.e. a per-sequence cap (`ModelSpec.expert_capacity` = f s k / E) once per
-    # sequence of the micro-batch; under cp `stagecost.shard_model` scales it to s / cp
-    rows = m.expert_rows(z.T, z.B)
+    # sequence of the micro-batch; under cp `stagecost.shard_model` scales it to s / cp.
+    # An expert no routed row reaches runs nothing (`ModelSpec.expert_groups`).
     dt = activation_dtype(z.dt)
-    routed = (z.T * m.experts_per_token, z.H)
+    # the permutes move the rows the experts run: those a capacity keeps (Megatron-core's
+    # dispatcher permutes num_out_tokens = the kept rows, dropless: tokens x k)
+    routed = (m.routed_rows(z.T, z.B), z.H)
+    experts = [
+        op
+        for rows, n in m.expert_groups(z.T, z.B)
+        for op in _ffn(m, z, rows, train=train, moe=True) * n
+    ]
     return [
         r.linear("router", z.T, (z.H, m.num_experts), dt, bias=False),
         r.memory("permute", "copy", routed, dt, bw_op="copy"),
-        *(_ffn(m, z, rows, train=train, moe=True) * m.routed_experts(z.T)),
+        *experts,
         r.memory("unpermute", "copy", routed, dt, bw_op="copy"),
     ]
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from simulator.errors import ConfigError
 from simulator.model_shapes import ShapeError, check_shapes
+from simulator.moe_routing import experts_hit, split_rows
 
 CATALOG_DIR = Path(__file__).parent / "data" / "models"
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "neusight"
@@ -78,31 +79,50 @@ class ModelSpec(BaseModel):
         check_shapes(self)
         return self
 
+    def expert_groups(self, tokens: int, sequences: int = 1) -> tuple[tuple[int, int], ...]:
+        """(rows, experts) pairs of this GPU's expert GEMMs for ``tokens`` routed tokens in
+        ``sequences`` equal sequences (the all-to-all brings an expert-parallel shard ``tokens
+        x experts_per_token`` rows over its `local_experts`). When every local expert is hit
+        (`routed_experts`) and each sequence routes at least one row per expert, balanced
+        routing gives each ``tokens / sequences x k / local`` rows a sequence, capped at
+        ``expert_capacity`` (HF Switch counts a token's place in its expert's queue along its
+        own sequence: a cumsum over the sequence axis); the cap holds per sequence of each of
+        the ``num_experts / local_experts`` GPUs whose tokens the all-to-all brings (it capped
+        their sum: at ep 8 a 64-token cap let one expert run 64 rows, not 8 x 64). Otherwise
+        (a decode pass, a short prefill) the ``tokens x k`` rows spread as evenly as whole rows
+        allow over the experts hit (`moe_routing.split_rows`), each at most the cap."""
+        local = self.local_experts or self.num_experts
+        hit = self.routed_experts(tokens)
+        per_sequence = tokens // sequences * self.experts_per_token // local
+        cap = self.expert_capacity * (self.num_experts // local)  # 0: no cap
+        if hit == local and per_sequence:
+            return ((min(per_sequence, cap or per_sequence) * sequences, local),)
+        groups = split_rows(tokens * self.experts_per_token, hit)
+        if not cap:
+            return groups
+        capped: dict[int, int] = {}
+        for rows, n in groups:
+            capped[min(rows, cap * sequences)] = capped.get(min(rows, cap * sequences), 0) + n
+        return tuple(capped.items())
+
+    def routed_rows(self, tokens: int, sequences: int = 1) -> int:
+        """Rows this GPU's experts run (`expert_groups`): ``tokens x experts_per_token`` unless
+        an ``expert_capacity`` drops some; under balanced routing as many leave each GPU of
+        the expert-parallel group in its all-to-all as arrive."""
+        return sum(rows * n for rows, n in self.expert_groups(tokens, sequences))
+
     def expert_rows(self, tokens: int, sequences: int = 1) -> int:
-        """Tokens one expert processes under balanced routing (``tokens`` of this GPU: the
-        all-to-all brings an expert-parallel shard ``tokens x experts_per_token`` rows over
-        its `local_experts`): ``tokens`` in ``sequences``
-        equal sequences, each capped at ``expert_capacity`` (HF Switch counts a token's place
-        in its expert's queue along its own sequence: a cumsum over the sequence axis). The
-        cap holds per sequence of each of the ``num_experts / local_experts`` GPUs whose
-        tokens the all-to-all brings (it capped their sum: at ep 8 a 64-token cap let one
-        expert run 64 rows, not 8 x 64)."""
-        local = self.local_experts or self.num_experts  # after the all-to-all: a shard's share
-        rows = tokens // sequences * self.experts_per_token // local
-        if rows == 0:  # fewer routed rows a sequence than experts (a decode pass): no cap binds
-            return -(-tokens * self.experts_per_token // self.routed_experts(tokens))
-        if self.expert_capacity:
-            rows = min(rows, self.expert_capacity * (self.num_experts // local))
-        return rows * sequences
+        """Rows of this GPU's busiest expert (`expert_groups`)."""
+        return self.expert_groups(tokens, sequences)[0][0]
 
     def routed_experts(self, tokens: int) -> int:
-        """Experts of this GPU that receive any of ``tokens`` under balanced routing: all its
-        `local_experts`, or only ``tokens x experts_per_token`` of them when there are fewer
-        routed rows than that (a decode pass of a small batch: Mixtral at batch 1 runs 2 of
-        its 8 experts, one row each, and reads only their weights; an expert no token
-        reaches launches no GEMM, in HF's loop over the experts hit as in Megatron's)."""
+        """Experts of this GPU that any of the rows of ``tokens`` routed tokens reach: the
+        whole number nearest the expectation under uniform independent routing
+        (`moe_routing.experts_hit`: Mixtral's 2 of 8 at batch 1, 4 at batch 2, 5 at batch 4,
+        all 8 from batch 10); an expert no row reaches launches no GEMM and reads no weight,
+        in HF's loop over the experts hit as in Megatron's."""
         local = self.local_experts or self.num_experts
-        return min(local, tokens * self.experts_per_token)
+        return experts_hit(tokens, self.experts_per_token, self.num_experts, local)
 
     @property
     def kv_heads(self) -> int:

@@ -23,8 +23,9 @@ that fits, as all three but the weights grow with the batch. fp8 means fp8 weigh
 head, norms and router run and stay in bf16, `memory.estimate_memory`), while under
 ``megatron`` attention runs in bf16 and reads a bf16 KV cache (as
 TransformerEngine's recipe, and vLLM's fp8 weights without ``--kv-cache-dtype fp8``); an fp8
-KV cache is not modelled. MoE layers run only the experts their routed rows reach
-(`ModelSpec.routed_experts`: 2 of Mixtral's 8 at batch 1).
+KV cache is not modelled. MoE layers run only the experts their routed rows are expected to
+reach under uniform routing (`ModelSpec.routed_experts`: 2 of Mixtral's 8 at batch 1, 4 at
+batch 2, 5 at batch 4).
 
 Tensor parallelism (``tp`` GPUs of one server): each GPU holds ``1 / tp`` of the model
 (`serve_parallel.shard`), so every figure above is per GPU, and each pass adds its blocking
