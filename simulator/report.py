@@ -54,9 +54,11 @@ def lacking_column(by: str) -> str:
 
 def unranked_contexts(rows: Sequence[Row], by: str = "tokens") -> dict[str, tuple[str, str]]:
     """Each context of ``rows`` without a ranked layout -> (short, long) reason: none of its
-    layouts fits (the long reason: the one needing the least memory), none that fits was
-    simulated, its rows lack the ranking's column, or every layout failed. Such an option
-    vanished from the report's table and the procurement figure."""
+    layouts fits (the long reason: the one needing the least memory), its simulated layouts
+    failed (it read "not simulated; raise --per-context" when its candidates had been
+    simulated and had raised), none that fits was simulated, its rows lack the ranking's
+    column, or every layout failed. Such an option vanished from the report's table and the
+    procurement figure."""
     ranked = {r["context"] for r in rank(rows, by)}
     mine: dict[str, list[Row]] = {}
     for r in rows:
@@ -71,6 +73,9 @@ def unranked_contexts(rows: Sequence[Row], by: str = "tokens") -> dict[str, tupl
         if any(r["tier"] == "simulate" and r["status"] == "ok" for r in rs):
             need = lacking_column(by)
             out[ctx] = (need, f"not ranked by {RANKING_NAMES[by]}: {need}")
+        elif failed := sum(r["tier"] == "simulate" and r["status"] == "error" for r in rs):
+            what = "layout" if failed == 1 else "layouts"
+            out[ctx] = ("simulation failed", f"{failed} simulated {what} failed (see Errors)")
         elif any(r["status"] == "ok" for r in rs):
             out[ctx] = ("not simulated", "no fitting layout simulated; raise --per-context")
         elif bad:
