@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from simulator.errors import ConfigError
-from simulator.report_notes import COLUMNS, notes
+from simulator.report_notes import COLUMNS, amount_text, notes
 from simulator.rows import Row
 
 # ranking id -> (column, highest first)
@@ -102,13 +102,6 @@ def procurement_entries(
 
 def _fmt(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
-
-
-def amount_text(v: float | None) -> str:
-    """Days, dollars, MWh or a step's seconds: whole numbers from 100 up, else three
-    significant digits (fixed decimals printed a fine-tuning job's 0.37 $ as "0", its 0.19 MWh
-    as "0", 0.002 days as "0.0"; a step's ".3g" printed 19.0 s as "19" beside "19.1")."""
-    return "-" if v is None else format(v, ",.0f" if abs(v) >= 100 else "#.3g")
 
 
 def hardware_text(rows: Sequence[Row]) -> str:
