@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import simulator.plots as plots
 from simulator import sweep_eval
 from simulator.cli import main
 from simulator.report import markdown_report, procurement_table, unranked_contexts
@@ -25,7 +26,7 @@ from simulator.scenario import load_scenario
 from simulator.space import enumerate_space, find_scenario
 from simulator.sweep import RayOptions, run_sweep
 from simulator.sweep_eval import build_shared
-from tests.support import simulated_row
+from tests.support import drawn, simulated_row
 
 TINY = find_scenario("tiny-gpt-8gpu")
 TWO_OPTIONS = (
@@ -162,3 +163,26 @@ def test_the_report_names_the_cost_time_front() -> None:
         "cheapest@4 are each no faster and no cheaper than one of those.\n"
     ) in report
     assert "Time vs cost" not in markdown_report(rows[:1], title="t", pruned=())
+
+
+def test_the_figures_mark_the_fronts_they_draw(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The procurement figure showed time and cost side by side but not which options trade
+    one for the other (now in bold, as the report's Notes name them); the throughput-vs-memory
+    legend called its lines each context's front, though they join its simulated layouts only
+    (screened points lie beside them)."""
+    figs = drawn(monkeypatch, plots)
+    rows = [
+        _row("fast", 16, 4e5, price_per_gpu_hour=2.0),
+        _row("cheap", 8, 1.5e5, price_per_gpu_hour=1.0),
+        _row("dear", 8, 1e5, price_per_gpu_hour=3.0),
+    ]
+    plots.plot_procurement(rows, Path("unused.png"))
+    (fig,) = figs
+    bold = {t.get_text() for t in fig.axes[0].get_yticklabels() if t.get_fontweight() == "bold"}
+    assert bold == {r["context"] for r in cost_time_front(rows)[0]} == {"fast@16", "cheap@8"}
+    assert "bold: the time-vs-cost Pareto front" in fig.texts[0].get_text()
+    plots.plot_procurement(rows[:1], Path("unused.png"))  # one option: no front to mark
+    assert "Pareto" not in figs[1].texts[0].get_text()
+    plots.plot_pareto(rows, Path("unused.png"))
+    legend = [t.get_text() for t in figs[2].axes[0].get_legend().get_texts()]
+    assert "Pareto front of the simulated layouts (each its color)" in legend
