@@ -32,6 +32,7 @@ from simulator.report import (
     rank,
     unranked_contexts,
 )
+from simulator.report_notes import cost_time_front
 from simulator.rows import Row
 
 PARTS = ("compute", "tp", "cp", "ep", "pp", "dp", "optimizer")
@@ -153,7 +154,9 @@ def plot_pareto(rows: Sequence[Row], path: Path, *, by: str = "tokens", study: s
         front = _pareto(list(zip(xs, ys, strict=True)))
         if front:
             ax.step(*zip(*front, strict=True), where="post", color=color, lw=1.2)
-    ax.plot([], [], color="k", lw=1.2, label="Pareto front of each (its color)")
+    ax.plot(
+        [], [], color="k", lw=1.2, label="Pareto front of the simulated layouts (each its color)"
+    )
     ax.set_xlabel("peak memory per GPU, GiB")
     ax.set_ylabel("tokens/s")
     _whole_numbers(ax.yaxis)
@@ -241,6 +244,12 @@ def plot_procurement(
         if i:
             ax.set_yticks([])
     what = f"Cluster options, best first by {RANKING_NAMES[by]}: the best layout of each"
+    front, beaten = cost_time_front(rows)
+    if len(front) + len(beaten) > 1:  # the trade-off the report's Notes name
+        on = {r["context"] for r in front}
+        for tick in axes[0][0].get_yticklabels():
+            tick.set_fontweight("bold" if tick.get_text() in on else "normal")
+        what += "\nbold: the time-vs-cost Pareto front (no other option both faster and cheaper)"
     fig.suptitle(titled(rows, what, study))
     return save_figure(fig, path)
 

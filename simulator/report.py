@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from simulator.errors import ConfigError
-from simulator.report_notes import COLUMNS, notes
+from simulator.report_notes import COLUMNS, amount_text, notes
 from simulator.rows import Row
 
 # ranking id -> (column, highest first)
@@ -54,9 +54,11 @@ def lacking_column(by: str) -> str:
 
 def unranked_contexts(rows: Sequence[Row], by: str = "tokens") -> dict[str, tuple[str, str]]:
     """Each context of ``rows`` without a ranked layout -> (short, long) reason: none of its
-    layouts fits (the long reason: the one needing the least memory), none that fits was
-    simulated, its rows lack the ranking's column, or every layout failed. Such an option
-    vanished from the report's table and the procurement figure."""
+    layouts fits (the long reason: the one needing the least memory), its simulated layouts
+    failed (it read "not simulated; raise --per-context" when its candidates had been
+    simulated and had raised), none that fits was simulated, its rows lack the ranking's
+    column, or every layout failed. Such an option vanished from the report's table and the
+    procurement figure."""
     ranked = {r["context"] for r in rank(rows, by)}
     mine: dict[str, list[Row]] = {}
     for r in rows:
@@ -71,6 +73,9 @@ def unranked_contexts(rows: Sequence[Row], by: str = "tokens") -> dict[str, tupl
         if any(r["tier"] == "simulate" and r["status"] == "ok" for r in rs):
             need = lacking_column(by)
             out[ctx] = (need, f"not ranked by {RANKING_NAMES[by]}: {need}")
+        elif failed := sum(r["tier"] == "simulate" and r["status"] == "error" for r in rs):
+            what = "layout" if failed == 1 else "layouts"
+            out[ctx] = ("simulation failed", f"{failed} simulated {what} failed (see Errors)")
         elif any(r["status"] == "ok" for r in rs):
             out[ctx] = ("not simulated", "no fitting layout simulated; raise --per-context")
         elif bad:
@@ -97,13 +102,6 @@ def procurement_entries(
 
 def _fmt(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
-
-
-def amount_text(v: float | None) -> str:
-    """Days, dollars, MWh or a step's seconds: whole numbers from 100 up, else three
-    significant digits (fixed decimals printed a fine-tuning job's 0.37 $ as "0", its 0.19 MWh
-    as "0", 0.002 days as "0.0"; a step's ".3g" printed 19.0 s as "19" beside "19.1")."""
-    return "-" if v is None else format(v, ",.0f" if abs(v) >= 100 else "#.3g")
 
 
 def hardware_text(rows: Sequence[Row]) -> str:

@@ -186,7 +186,8 @@ def evaluate_chunk(tier: Tier, points: Sequence[Point], shared: Shared) -> list[
         except InfeasibleConfig as e:
             row.update(status="infeasible", reason=e.reason)
         except Exception as e:
-            row.update(status="error", reason=f"{type(e).__name__}: {e}")
+            # one line: a message of several split the report's Errors list item
+            row.update(status="error", reason=" ".join(f"{type(e).__name__}: {e}".split()))
             row["error"] = traceback.format_exc()
         bad = finite_problem(row)
         if bad is not None:  # JSON has no NaN: this layout fails, the others go on
