@@ -23,9 +23,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from forecast.kernels import ATTENTION_BACKWARD_OPS, CAUSAL_ATTENTION_OPS, KernelSpec
+from simulator.errors import ConfigError
 
 # kernels with their launch counts (`stagecost.ShardKernels` holds them in this form)
 Counted = tuple[tuple[KernelSpec, int], ...]
+
+
+def check_attention(cp: int, attention: str) -> None:
+    """A `ConfigError` for a CP ring without fused attention: Megatron-core runs context
+    parallelism in TransformerEngine's attention only (its own ``DotProductAttention`` asserts
+    ``context_parallel_size == 1``), and TE's ring in its flash and cuDNN fused backends only
+    (no unfused one, no fp32)."""
+    if cp > 1 and attention != "flash":
+        raise ConfigError(
+            f"run.cp: {cp} runs TransformerEngine's ring attention, flash attention only, but "
+            f"this scenario runs {attention} attention (fp32/tf32, framework hf-eager, "
+            "training.attention or a GPU without FlashAttention): set run.cp = 1"
+        )
 
 
 def ring_steps(step0: Counted, cp: int) -> tuple[Counted, ...]:
