@@ -17,12 +17,14 @@ sequence-parallel all-gathers, which TE quantizes first: ``A / 2``, `te_gather_b
   Forward collectives block; in backward the column-parallel
   linears' collectives overlap their own GEMMs when ``tp_comm_overlap`` is set (`stepcosts`;
   ``tp_ar_s``/``tp_ag_s``/``tp_rs_s`` are one collective each).
-* CP (ring attention, TransformerEngine's ``AttnFuncWithCPAndKVP2P``), per layer: K and V
-  circulate over the ``cp - 1`` ring steps forward (the bytes of an all-gather of them); a rank
-  saves only its own K and V, so backward circulates them again, in one buffer with the dK and
-  dV accumulated so far (a ring pass of twice the bytes: all-gather plus reduce-scatter);
-  overlapped with the attention core, only the excess is exposed. A recomputed attention core
-  (selective or full recompute) runs its forward ring again (`stepcosts`).
+* CP (ring attention, TransformerEngine's ``AttnFuncWithCPAndKVP2P``), per layer: each of the
+  ``cp - 1`` forward ring steps sends a rank's ``2 b (s/cp) kv_heads dhead / tp`` K,V to the
+  next rank, a point-to-point send and receive (``cp_kv_s``: its slowest hop); a rank saves
+  one K,V, so backward circulates K,V again and the dK,dV with them, ``2 (cp - 1)`` volumes in
+  ``cp`` steps, the middle ones one buffer of both (``cp_kv_grad_s``). Each send overlaps the
+  attention core of its own step, so only each step's excess is exposed
+  (`context_parallel.fw_exposed_s`); a recomputed attention core (selective or full recompute)
+  runs its forward ring again (`stepcosts`).
 * EP (MoE), per MoE layer: 2 all-to-alls of ``A * experts_per_token`` forward, 2 backward,
   ``/ tp`` with sequence parallelism (each TP rank dispatches its own ``s / tp`` tokens).
   Without sequence parallelism (tp 1) the whole micro-batch is dispatched. An expert capacity
@@ -91,8 +93,8 @@ class LayerComm:
     tp_embed_bw_s: float
     tp_head_fw_s: float
     tp_head_bw_s: float
-    cp_fw_s: float
-    cp_bw_s: float
+    cp_kv_s: float  # one CP ring step's send of a rank's K,V (`context_parallel`)
+    cp_kv_grad_s: float  # one backward step's send of K,V with dK,dV
     ep_fw_s: float
     ep_bw_s: float
     pp_hop_s: float
@@ -156,8 +158,8 @@ def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
         tp_embed_bw_s=ag if sp else 0.0,
         tp_head_fw_s=ag if sp else 0.0,
         tp_head_bw_s=rs if sp else ar,
-        cp_fw_s=collective_s("all-gather", kv_bytes, layout.cp_group, cl),
-        cp_bw_s=collective_s("reduce-scatter", 2 * kv_bytes, layout.cp_group, cl),  # K,V + dK,dV
+        cp_kv_s=_ring_step_s(kv_bytes / run.cp, layout.cp_group, cl),
+        cp_kv_grad_s=_ring_step_s(2 * kv_bytes / run.cp, layout.cp_group, cl),
         ep_fw_s=ep,
         ep_bw_s=ep,
         pp_hop_s=max(
@@ -170,6 +172,15 @@ def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
         tp_moe_s=tp_moe,
         tp_pairs=pairs,
     )
+
+
+def _ring_step_s(nbytes: float, ring: Sequence[int], cl: Cluster) -> float:
+    """One CP ring step: every rank sends ``nbytes`` to the next at once, so the slowest hop
+    sets it; 0.0 for a ring of one rank."""
+    if len(ring) < 2:
+        return 0.0
+    hops = ((a, ring[(i + 1) % len(ring)]) for i, a in enumerate(ring))
+    return max((collective_s("send-recv", nbytes, h, cl) for h in hops), default=0.0)
 
 
 def _tp_moe_s(inputs: SimInputs, layout: Layout, a: float) -> float:

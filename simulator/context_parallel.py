@@ -8,14 +8,38 @@ or the second ``S/(2cp)`` queries against a higher rank's: ``c (S + 1)`` pairs p
 ``c = S / (2cp)``, the causal matrix over ``cp``. Rank ``cp - 1`` runs every half step as the
 first kind, rank 0 as the second, the others a mix; the slowest rank sets the layer, so each
 half step is priced at the slower kernel (`stagecost.ShardKernels.ring_fw`).
+
+The ring's sends (TransformerEngine's ``flash_attn_p2p_communicate``, one batched send to the
+next rank and receive from the previous one a step) overlap the attention of the same step
+only, so each step exposes its own excess (`fw_exposed_s`, `bw_exposed_s`). Forward, step
+``i < cp - 1`` sends the K,V it holds on while it computes; the last step sends nothing.
+Backward runs the steps in reverse (the causal step last) and sends at every step: K,V at the
+first, K,V with the dK,dV accumulated so far (one buffer) at the ``cp - 2`` middle ones, dK,dV
+alone at the last: ``2 (cp - 1)`` K,V volumes in all.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from forecast.kernels import ATTENTION_BACKWARD_OPS, CAUSAL_ATTENTION_OPS, KernelSpec
+from simulator.errors import ConfigError
 
 # kernels with their launch counts (`stagecost.ShardKernels` holds them in this form)
 Counted = tuple[tuple[KernelSpec, int], ...]
+
+
+def check_attention(cp: int, attention: str) -> None:
+    """A `ConfigError` for a CP ring without fused attention: Megatron-core runs context
+    parallelism in TransformerEngine's attention only (its own ``DotProductAttention`` asserts
+    ``context_parallel_size == 1``), and TE's ring in its flash and cuDNN fused backends only
+    (no unfused one, no fp32)."""
+    if cp > 1 and attention != "flash":
+        raise ConfigError(
+            f"run.cp: {cp} runs TransformerEngine's ring attention, flash attention only, but "
+            f"this scenario runs {attention} attention (fp32/tf32, framework hf-eager, "
+            "training.attention or a GPU without FlashAttention): set run.cp = 1"
+        )
 
 
 def ring_steps(step0: Counted, cp: int) -> tuple[Counted, ...]:
@@ -39,3 +63,33 @@ def ring_steps(step0: Counted, cp: int) -> tuple[Counted, ...]:
         return tuple(out)
 
     return (half(queries=False), half(queries=True))
+
+
+@dataclass(frozen=True, slots=True)
+class RingTimes:
+    """Seconds of one layer's attention core per CP ring step on the slowest rank: step 0
+    (causal over a rank's own tokens) and each of the ``cp - 1`` others, forward and backward."""
+
+    step0_fw_s: float = 0.0
+    step_fw_s: float = 0.0
+    step0_bw_s: float = 0.0
+    step_bw_s: float = 0.0
+
+
+def fw_exposed_s(cp: int, kv_s: float, ring: RingTimes) -> float:
+    """Forward ring time not hidden: ``kv_s`` (one step's send of a rank's K,V) past step 0's
+    attention, and past each of the ``cp - 2`` next steps'; the last step sends nothing."""
+    if cp == 1:
+        return 0.0
+    return max(0.0, kv_s - ring.step0_fw_s) + (cp - 2) * max(0.0, kv_s - ring.step_fw_s)
+
+
+def bw_exposed_s(cp: int, kv_s: float, kv_grad_s: float, ring: RingTimes) -> float:
+    """Backward ring time not hidden (module docstring): K,V (``kv_s``) past the first
+    step's attention backward, K,V with dK,dV (``kv_grad_s``) past each of the ``cp - 2``
+    middle steps', dK,dV (``kv_s``) past the last, causal step's."""
+    if cp == 1:
+        return 0.0
+    first = max(0.0, kv_s - ring.step_bw_s)
+    middle = (cp - 2) * max(0.0, kv_grad_s - ring.step_bw_s)
+    return first + middle + max(0.0, kv_s - ring.step0_bw_s)

@@ -19,8 +19,8 @@ them ``k`` times: `memory.parallel_units`; a MoE layer also keeps its experts' i
 routed copies of each token gathered whole on every TP rank, ``+ 2k`` not divided by ``t``:
 `memory.saved_bytes`):
 no recompute ``s*b*h*(10 + 24/t + 5as/(ht))`` (``34/t`` with sequence parallelism; the
-``5as/h`` score term vanishes with flash attention, `SimInputs.attention`, and its ``s`` is the
-whole sequence under cp: a rank's queries meet every key over the ring),
+``5as/h`` score term vanishes with flash attention, `SimInputs.attention`, which context
+parallelism requires: `context_parallel.check_attention`),
 selective recompute drops the score term, full recompute keeps only the layer input
 ``2*s*b*h`` (``/t`` with SP) plus one layer's full set while it is recomputed. Those are
 16-bit bytes; fp8 training (TransformerEngine) keeps everything in bf16 but for the fp8 copies
@@ -82,8 +82,7 @@ def layer_activation_bytes(inputs: SimInputs, layout: Layout, *, working: bool =
     # replicated (norms' inputs, masks, QKV/fc1 inputs), split over TP (attention's, the MLP's
     # per expert of a token), routed (the experts' input: whole on every TP rank), in bytes
     saved = saved_bytes(m, fw, dt, flash=flash)
-    # unfused scores: this rank's s = seq/cp queries against all seq keys (the cp ring steps'
-    # blocks are all kept for the backward)
+    # unfused scores (cp 1 only: `context_parallel.check_attention`)
     scores = 0.0 if flash else score_bytes(m, inputs.seq_len, dt, fw) / t
     sp = run.sequence_parallel
     recompute = "none" if working else run.recompute

@@ -31,7 +31,9 @@ class RunConfig(BaseModel):
     tp: int = Field(default=1, gt=0, description="tensor parallel size (divides the heads)")
     pp: int = Field(default=1, gt=0, description="pipeline stages")
     dp: int = Field(default=0, ge=0, description="data parallel size; 0: num_gpus / (tp cp pp)")
-    cp: int = Field(default=1, gt=0, description="context parallel size (ring attention)")
+    cp: int = Field(
+        default=1, gt=0, description="context parallel size (ring attention; flash attention only)"
+    )
     ep: int = Field(default=1, gt=0, description="expert parallel size (MoE), inside dp*cp")
     micro_batch_size: int = Field(default=1, gt=0, description="sequences per micro-batch")
     schedule: Schedule = Field(default="1f1b", description="pipeline schedule")

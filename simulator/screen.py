@@ -42,6 +42,7 @@ from simulator.comm import (
     param_gather_buckets,
     zero3_blocking_s,
 )
+from simulator.context_parallel import bw_exposed_s, fw_exposed_s
 from simulator.dist_memory import MemoryBreakdown, stage_memory
 from simulator.embedding_grads import embedding_grad_sync_s
 from simulator.memory import grad_itemsize_bytes, param_itemsize_bytes
@@ -148,12 +149,12 @@ def _stage_parts_s(cache: ScreenCache, layout: Layout) -> list[tuple[float, floa
     bt, lc = cache.block(run), cache.layer(layout)
     full = run.recompute == "full"
     redo = {"none": 0.0, "selective": bt.attention_fw_s, "full": bt.layer_fw_s}[run.recompute]
-    cp_fw = max(0.0, lc.cp_fw_s - bt.attention_fw_s)  # again when the attention is recomputed
+    cp_fw = fw_exposed_s(run.cp, lc.cp_kv_s, bt.ring)  # again when the attention is recomputed
     fw = bt.layer_fw_s + lc.tp_fw_s + lc.ep_fw_s + cp_fw
     bw = bt.layer_bw_s + redo + tp_bw_exposed_s(bt, lc, run) + lc.ep_bw_s
     bw += (lc.tp_fw_s + lc.ep_fw_s) if full else 0.0
     bw += cp_fw * (1 if run.recompute != "none" else 0)
-    bw += max(0.0, lc.cp_bw_s - bt.attention_bw_s)
+    bw += bw_exposed_s(run.cp, lc.cp_kv_s, lc.cp_kv_grad_s, bt.ring)
     pp, v = run.pp, layout.chunks
     out = []
     for s in range(pp):

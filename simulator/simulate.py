@@ -13,6 +13,7 @@ from contextlib import contextmanager
 
 from forecast.predict import LatencyTable
 from forecast.stream import stream_table
+from simulator.context_parallel import check_attention
 from simulator.dist_memory import MemoryBreakdown, stage_memory
 from simulator.errors import ConfigError
 from simulator.execgraph import build_exec_graph, exec_graph
@@ -44,6 +45,7 @@ def layout_of(inputs: SimInputs, run: RunConfig) -> Layout:
         gpus_per_node=inputs.cluster.server.gpus_per_node,
     )
     check_graph_size(layout)
+    check_attention(run.cp, inputs.attention)
     return layout
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from forecast.predict import LatencyTable
-from simulator.context_parallel import Counted, ring_steps
+from simulator.context_parallel import Counted, RingTimes, ring_steps
 from simulator.errors import ConfigError
 from simulator.inventory_hf import sizes
 from simulator.loss import add_loss
@@ -100,6 +100,7 @@ class BlockTimes:
     adam_s_per_param: float
     col_dgrad_s: tuple[float, ...]
     col_wgrad_s: tuple[float, ...]
+    ring: RingTimes  # the attention core per CP ring step (what each send hides)
 
 
 def tp_shard(model: ModelSpec, tp: int) -> ModelSpec:
@@ -251,18 +252,25 @@ def _sum_s(kernels: Counted, table: LatencyTable) -> float:
     return sum(table[k] * n for k, n in kernels)
 
 
+def _step_s(ring: tuple[Counted, ...], table: LatencyTable) -> float:
+    """One ring step after the first on the slowest rank: the slower of its alternatives
+    (rank 0 runs every step as one, rank ``cp - 1`` as the other)."""
+    return max((_sum_s(r, table) for r in ring), default=0.0)
+
+
 def _ring_s(ring: tuple[Counted, ...], table: LatencyTable, run: RunConfig) -> float:
-    """The ``cp - 1`` ring steps after the first on the slowest rank: each the slower of its
-    alternatives (rank 0 runs every step as one, rank ``cp - 1`` as the other)."""
-    return (run.cp - 1) * max((_sum_s(r, table) for r in ring), default=0.0)
+    """The ``cp - 1`` ring steps after the first on the slowest rank (`_step_s` each)."""
+    return (run.cp - 1) * _step_s(ring, table)
 
 
 def block_times(sk: ShardKernels, table: LatencyTable, run: RunConfig) -> BlockTimes:
     """Seconds per block and phase for one micro-batch (recompute not yet added)."""
     ring_fw = _ring_s(sk.ring_fw, table, run)
     ring_bw = _ring_s(sk.ring_bw, table, run)  # its own kernels (FA2: ~2.7x forward)
-    attn_fw = _sum_s(sk.attention_fw, table) + ring_fw
-    attn_bw = _sum_s(sk.attention_bw, table) + ring_bw
+    step0_fw, step0_bw = _sum_s(sk.attention_fw, table), _sum_s(sk.attention_bw, table)
+    attn_fw = step0_fw + ring_fw
+    attn_bw = step0_bw + ring_bw
+    ring = RingTimes(step0_fw, _step_s(sk.ring_fw, table), step0_bw, _step_s(sk.ring_bw, table))
     layer_fw = _sum_s(sk.layer_fw, table) + ring_fw
     layer_bw = _sum_s(sk.layer_bw, table) + ring_bw
     return BlockTimes(
@@ -277,4 +285,5 @@ def block_times(sk: ShardKernels, table: LatencyTable, run: RunConfig) -> BlockT
         adam_s_per_param=optimizer_s_per_param(sk.optimizer_bytes_per_param, table),
         col_dgrad_s=tuple(_sum_s(g, table) for g in sk.col_dgrad),
         col_wgrad_s=tuple(_sum_s(g, table) for g in sk.col_wgrad),
+        ring=ring,
     )

@@ -29,6 +29,7 @@ from simulator.comm import (
     param_gather_exposed_s,
     zero3_blocking_s,
 )
+from simulator.context_parallel import bw_exposed_s, fw_exposed_s
 from simulator.embedding_grads import embedding_grad_sync_s
 from simulator.parallel import Layout, RunConfig
 from simulator.scenario import SimInputs
@@ -63,8 +64,7 @@ def _chunk_cost(
     )
     bw = layers * (bt.layer_bw_s + recompute)
     bw += (bt.embed_bw_s if first else 0.0) + (bt.head_bw_s if last else 0.0)
-    cp_bw_hidden = bt.attention_bw_s
-    cp_fw_exposed = max(0.0, lc.cp_fw_s - bt.attention_fw_s)
+    cp_fw_exposed = fw_exposed_s(run.cp, lc.cp_kv_s, bt.ring)
     # a recomputed attention core (selective or full) runs its forward ring again
     cp_redo = cp_fw_exposed if run.recompute != "none" else 0.0
     return ChunkCost(
@@ -76,7 +76,7 @@ def _chunk_cost(
         fw_ep_s=layers * lc.ep_fw_s,
         bw_ep_s=layers * (lc.ep_bw_s + (lc.ep_fw_s if full else 0.0)),
         fw_cp_s=layers * cp_fw_exposed,
-        bw_cp_s=layers * (max(0.0, lc.cp_bw_s - cp_bw_hidden) + cp_redo),
+        bw_cp_s=layers * (bw_exposed_s(run.cp, lc.cp_kv_s, lc.cp_kv_grad_s, bt.ring) + cp_redo),
     )
 
 

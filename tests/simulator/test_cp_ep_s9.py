@@ -36,25 +36,55 @@ def _kv_bytes(inputs: SimInputs, run: RunConfig) -> float:
 
 
 def test_cp_backward_ring_moves_k_v_again_with_their_gradients() -> None:
-    """TransformerEngine's ring attention saves only a rank's own K and V, so its backward
-    circulates K,V again in one buffer with the dK,dV accumulated so far: a ring pass of twice
-    the forward's bytes. The backward charged a reduce-scatter of dK,dV alone, as if every
-    rank had kept the gathered K,V (which the 1/cp activation memory does not hold)."""
+    """TransformerEngine's ring attention saves one K,V a rank, so its backward circulates
+    K,V again with the dK,dV accumulated so far: K,V at its first step, both in one buffer at
+    the ``cp - 2`` middle ones, dK,dV at the last, ``2 (cp - 1)`` volumes against the
+    forward's ``cp - 1``; each step a send to the next rank (``send-recv`` of ``kv / cp``, the
+    slowest hop), each exposing its excess over its own step's attention backward."""
     inputs = _tiny(*CP_RING)
     run = RunConfig(tp=1, pp=1, cp=8, dp=1, micro_batch_size=1)
     lay = layout_of(inputs, run)
     lc = layer_comm(inputs, lay)
     kv = _kv_bytes(inputs, run)
-    assert lc.cp_fw_s == collective_s("all-gather", kv, lay.cp_group, inputs.cluster)
-    assert lc.cp_bw_s == collective_s("reduce-scatter", 2 * kv, lay.cp_group, inputs.cluster)
-    assert lc.cp_bw_s > lc.cp_fw_s
-    # the chunk's exposed backward ring: the excess over the backward attention core
+    ring = lay.cp_group
+    hops = [(a, ring[(i + 1) % 8]) for i, a in enumerate(ring)]
+    step = max(collective_s("send-recv", kv / 8, h, inputs.cluster) for h in hops)
+    both = max(collective_s("send-recv", 2 * kv / 8, h, inputs.cluster) for h in hops)
+    assert (lc.cp_kv_s, lc.cp_kv_grad_s) == (step, both)
+    assert both > step
+    # the chunk's exposed backward ring: each step's excess over its own attention backward
     table = latency_table(inputs, [run])
     bt = block_times(shard_kernels(inputs, run), table, run)
+    r = bt.ring
     chunk = step_costs(inputs, lay, table).chunks[0][0]
     layers = lay.layers_per_stage[0][0]
-    assert chunk.bw_cp_s == pytest.approx(layers * (lc.cp_bw_s - bt.attention_bw_s))
-    assert chunk.bw_cp_s > 0
+    per_layer = (step - r.step_bw_s) + 6 * (both - r.step_bw_s) + (step - r.step0_bw_s)
+    assert min(step - r.step_bw_s, both - r.step_bw_s, step - r.step0_bw_s) > 0
+    assert chunk.bw_cp_s == pytest.approx(layers * per_layer, rel=1e-12)
+    assert chunk.fw_cp_s == pytest.approx(
+        layers * ((step - r.step0_fw_s) + 6 * (step - r.step_fw_s)), rel=1e-12
+    )
+
+
+def test_the_last_forward_cp_step_hides_no_send() -> None:
+    """Forward, TransformerEngine sends the K,V for step ``i + 1`` while it computes step
+    ``i`` and sends nothing at the last step: at cp 2 the one send hides behind step 0's
+    attention alone. It was hidden behind both steps (the whole ring's attention), so a send
+    longer than one step and shorter than two was exposed as 0."""
+    inputs = _tiny("model.seq_len=8192", "cluster.network='ib-edr'", "training.global_batch_size=4")
+    run = RunConfig(tp=1, pp=1, cp=2, dp=4, micro_batch_size=1)
+    lay = layout_of(inputs, run)
+    table = latency_table(inputs, [run])
+    bt = block_times(shard_kernels(inputs, run), table, run)
+    lc = layer_comm(inputs, lay)
+    kv_s, r = lc.cp_kv_s, bt.ring
+    assert r.step0_fw_s < kv_s < r.step0_fw_s + r.step_fw_s
+    chunk = step_costs(inputs, lay, table).chunks[0][0]
+    layers = lay.layers_per_stage[0][0]
+    assert chunk.fw_cp_s == pytest.approx(layers * (kv_s - r.step0_fw_s), rel=1e-12)
+    # backward: K,V at step 0 (a half step), dK,dV at step 1 (the causal one)
+    bw = max(0.0, kv_s - r.step_bw_s) + max(0.0, kv_s - r.step0_bw_s)
+    assert chunk.bw_cp_s == pytest.approx(layers * bw, rel=1e-12)
 
 
 @pytest.mark.parametrize("recompute", ["selective", "full"])
@@ -90,7 +120,7 @@ def test_cp_of_one_is_no_context_parallelism() -> None:
     table = latency_table(inputs, [run])
     lay = layout_of(inputs, run)
     lc = layer_comm(inputs, lay)
-    assert (lc.cp_fw_s, lc.cp_bw_s) == (0.0, 0.0)
+    assert (lc.cp_kv_s, lc.cp_kv_grad_s) == (0.0, 0.0)
     chunk = step_costs(inputs, lay, table).chunks[0][0]
     assert (chunk.fw_cp_s, chunk.bw_cp_s) == (0.0, 0.0)
     assert simulate(inputs, run, table).exposed_comm_s["cp"] == 0.0

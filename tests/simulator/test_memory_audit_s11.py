@@ -158,8 +158,8 @@ def test_fp8_pp_and_cp_traffic_is_bf16() -> None:
     ):
         fp8, bf16 = _tiny(4, "fp8", *sets), _tiny(4, "bf16", *sets)
         c8, c16 = layer_comm(fp8, layout_of(fp8, run)), layer_comm(bf16, layout_of(bf16, run))
-        assert (c8.pp_hop_s, c8.cp_fw_s, c8.cp_bw_s) == pytest.approx(
-            (c16.pp_hop_s, c16.cp_fw_s, c16.cp_bw_s)
+        assert (c8.pp_hop_s, c8.cp_kv_s, c8.cp_kv_grad_s) == pytest.approx(
+            (c16.pp_hop_s, c16.cp_kv_s, c16.cp_kv_grad_s)
         )
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from simulator.dist_memory import layer_activation_bytes, stage_memory
+from simulator.errors import ConfigError
 from simulator.memory import RESERVED_BYTES
 from simulator.parallel import RunConfig
 from simulator.scenario import SimInputs, load_scenario, resolve
@@ -111,20 +112,14 @@ def test_last_stage_keeps_the_loss_softmax_of_each_micro_batch_in_flight(
     assert _memory(ScreenCache(inputs, {}), layout, params) == peak  # the screen agrees
 
 
-@pytest.mark.parametrize("cp", [2, 4])
-def test_unfused_scores_under_cp_are_the_ranks_rows_of_the_whole_matrix(cp: int) -> None:
-    """Context parallelism splits the queries: a rank keeps its s/cp rows of every head's
-    s x s score matrix (5 bytes an element in bf16: softmax, dropout mask and output), so the
-    cp ranks together keep the whole matrix once (it kept (s/cp)^2, a cp-th of that)."""
-
-    def scores(cp: int) -> float:
-        sets = ("model.seq_len=512",)
-        unfused = _inputs(cp, *sets, "training.attention='unfused'")
-        flash = _inputs(cp, *sets, "training.attention='flash'")
-        run = RunConfig(cp=cp)
-        return layer_activation_bytes(unfused, layout_of(unfused, run)) - layer_activation_bytes(
-            flash, layout_of(flash, run)
-        )
-
-    assert scores(1) == pytest.approx(5 * A * 512 * 512, rel=1e-12)
-    assert scores(cp) == pytest.approx(5 * A * (512 // cp) * 512, rel=1e-12)
+@pytest.mark.parametrize("sets", [("training.attention='unfused'",), ("training.dtype='fp32'",)])
+def test_context_parallelism_needs_flash_attention(sets: tuple[str, ...]) -> None:
+    """Megatron-core runs context parallelism in TransformerEngine's attention only (its own
+    ``DotProductAttention`` asserts ``context_parallel_size == 1``; TE's ring runs its flash
+    and fused backends, no unfused one): unfused attention at cp > 1 is refused, naming
+    ``run.cp``. It was priced, keeping a score matrix of this rank's queries against all keys
+    that no run of Megatron holds."""
+    inputs = _inputs(2, "model.seq_len=512", *sets)
+    assert layout_of(inputs, RunConfig(cp=1, dp=2)).run.cp == 1
+    with pytest.raises(ConfigError, match=r"^run\.cp: 2 .*set run\.cp = 1$"):
+        layout_of(inputs, RunConfig(cp=2))
