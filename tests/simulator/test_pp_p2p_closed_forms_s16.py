@@ -32,10 +32,16 @@ def _inputs(dtype: str) -> SimInputs:
     return resolve(load_scenario(TINY, overrides=sets))
 
 
-@pytest.mark.parametrize(("dtype", "itemsize"), [("bf16", 2), ("fp32", 4), ("fp8", 2)])
-@pytest.mark.parametrize(
-    ("tp", "cp", "sp"), [(1, 1, False), (2, 1, False), (2, 1, True), (2, 2, True)]
-)
+# fp32 runs unfused attention, and context parallelism needs flash attention (a ConfigError).
+_CASES = [
+    (dtype, itemsize, tp, cp, sp)
+    for dtype, itemsize in [("bf16", 2), ("fp32", 4), ("fp8", 2)]
+    for tp, cp, sp in [(1, 1, False), (2, 1, False), (2, 1, True), (2, 2, True)]
+    if not (dtype == "fp32" and cp > 1)
+]
+
+
+@pytest.mark.parametrize(("dtype", "itemsize", "tp", "cp", "sp"), _CASES)
 def test_one_hop_moves_the_hidden_states_split_over_tp(
     dtype: str, itemsize: int, tp: int, cp: int, sp: bool
 ) -> None:
