@@ -10,7 +10,41 @@ from typing import Any
 import pytest
 from matplotlib.figure import Figure
 
+from simulator.models import ModelSpec
 from simulator.rows import Row, add_training_cost, blank_row
+
+# a 2-layer GPT-2 small enough to trace on a CPU in a test (examples/gpt2_module.py builds it)
+SMALL_GPT2 = ModelSpec(
+    id="small-gpt2",
+    architecture="gpt2",
+    num_layers=2,
+    hidden_size=128,
+    ffn_hidden_size=512,
+    num_heads=4,
+    vocab_size=1000,
+    max_positions=256,
+    activation="gelu_new",
+)
+
+# the model, cluster and training tables of a 2-layer toy GPT (as tiny-gpt-8gpu) on 8 A100s,
+# roofline-priced and fast to sweep; a test adds [study], [sweep] and its options
+TOY_GPT_A100 = """[model]
+n_layers = 2
+hidden_size = 256
+n_heads = 8
+vocab_size = 1024
+seq_len = 128
+[cluster]
+gpu = "a100-sxm4-80gb"
+server = "dgx-a100"
+network = "ib-hdr"
+num_gpus = 8
+[training]
+global_batch_size = 16
+latency_model = "roofline"
+[run]
+dp = 0
+"""
 
 
 def simulated_row(option: str, n: int, tps: float, key: str = "x", **fields: Any) -> Row:

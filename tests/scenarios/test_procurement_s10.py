@@ -15,30 +15,15 @@ from simulator.cli import main
 from simulator.report import amount_text, procurement_table, rank
 from simulator.saved_rows import load_rows
 from simulator.scenario_keys import keys_markdown
+from tests.support import TOY_GPT_A100
 
 TOKENS = 1.0e9
 # a 2-layer toy GPT (as tiny-gpt-8gpu): two options on the same GPU, one 8-GPU option priced
 # high, one 4-GPU option priced low, so the fastest layouts and the cheapest ones differ
-CHEAP_VS_FAST = f"""
-[study]
-name = "cheap-vs-fast"
-[model]
-n_layers = 2
-hidden_size = 256
-n_heads = 8
-vocab_size = 1024
-seq_len = 128
-[cluster]
-gpu = "a100-sxm4-80gb"
-server = "dgx-a100"
-network = "ib-hdr"
-num_gpus = 8
-[training]
-global_batch_size = 16
-latency_model = "roofline"
-[run]
-dp = 0
-[sweep]
+CHEAP_VS_FAST = (
+    '[study]\nname = "cheap-vs-fast"\n'
+    + TOY_GPT_A100
+    + f"""[sweep]
 train_tokens = [{TOKENS}]
 tp = [1, 2]
 pp = [1, 2]
@@ -54,6 +39,7 @@ num_gpus = [4]
 price_per_gpu_hour = 1.0
 power_w_per_gpu = 500.0
 """
+)
 # 44 layers of width 4096 at tp 2 x pp 2: 43.2 GiB per GPU, which fits an 80 GB A100 and not
 # a 40 GB one (40 GiB): the "small" option has no layout that fits
 NO_FIT = f"""

@@ -15,19 +15,10 @@ from simulator.models import DEFAULT_DATA_DIR, ModelSpec, load_model
 from simulator.module_predict import load_builder
 from simulator.module_trace import ModuleTrace, trace_module
 from simulator.opgraph import OpGraph, Phase, Workload, build_ops, ops_from_blocks
+from tests.support import SMALL_GPT2
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gpt2_module.py"
-SMALL = ModelSpec(
-    id="small-gpt2",
-    architecture="gpt2",
-    num_layers=2,
-    hidden_size=128,
-    ffn_hidden_size=512,
-    num_heads=4,
-    vocab_size=1000,
-    max_positions=256,
-    activation="gelu_new",
-)
+SMALL = SMALL_GPT2
 GEMMS = (OpFamily.LINEAR, OpFamily.BMM)
 KEYS = {"e2e_ms", "fw_ms", "bw_ms", "optimizer_ms", "by_family_ms", "memory_gib", "fits"}
 

@@ -21,10 +21,10 @@ import torch
 
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from simulator.cli import main
-from simulator.models import ModelSpec
 from simulator.module_predict import load_builder, trace_builder
 from simulator.module_trace import ModuleTrace, trace_module
 from simulator.opgraph import OpGraph, Phase, Workload, build_ops, ops_from_blocks
+from tests.support import SMALL_GPT2
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gpt2_module.py"
 B, S = 2, 16  # batch and sequence of every trace below
@@ -438,17 +438,7 @@ def test_bad_builder_return_is_one_line_exit_2(
     assert err.count("\n") == 1 and "Traceback" not in err and says in err
 
 
-SMALL = ModelSpec(
-    id="small-gpt2",
-    architecture="gpt2",
-    num_layers=2,
-    hidden_size=128,
-    ffn_hidden_size=512,
-    num_heads=4,
-    vocab_size=1000,
-    max_positions=256,
-    activation="gelu_new",
-)
+SMALL = SMALL_GPT2
 
 
 @pytest.mark.parametrize("mode", ["train", "inf"])

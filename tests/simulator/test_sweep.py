@@ -28,28 +28,13 @@ from simulator.space import enumerate_space, find_scenario
 from simulator.sweep import RayOptions, ray_session, run_sweep
 from simulator.sweep_chunks import _graph_tasks, _piece_cost, _shape_key, simulate_chunks
 from simulator.sweep_eval import build_shared
+from tests.support import TOY_GPT_A100
 
 TINY = find_scenario("tiny-gpt-8gpu")
-PROCUREMENT = """
-[study]
-name = "tiny-procurement"
-[model]
-n_layers = 2
-hidden_size = 256
-n_heads = 8
-vocab_size = 1024
-seq_len = 128
-[cluster]
-gpu = "a100-sxm4-80gb"
-server = "dgx-a100"
-network = "ib-hdr"
-num_gpus = 8
-[training]
-global_batch_size = 16
-latency_model = "roofline"
-[run]
-dp = 0
-[sweep]
+PROCUREMENT = (
+    '[study]\nname = "tiny-procurement"\n'
+    + TOY_GPT_A100
+    + """[sweep]
 train_tokens = [1.0e9]
 tp = [1, 2]
 pp = [1, 2]
@@ -66,6 +51,7 @@ network = "ib-ndr"
 num_gpus = [8]
 price_per_gpu_hour = 3.0
 """
+)
 
 
 def _sweep(out: Path, *extra: str) -> int:
