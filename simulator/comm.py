@@ -211,11 +211,11 @@ def routed_share(inputs: SimInputs, layout: Layout) -> float:
     its dispatcher moves: 1, or under an ``expert_capacity`` that binds what the cap keeps
     (Megatron-core's all-to-all dispatcher with a capacity factor and no padding permutes and
     sends ``num_out_tokens``, the kept rows; `ModelSpec.routed_rows` of the shard, whose cap
-    `stagecost.shard_model` scales to the rank's ``s / cp``)."""
-    run, m = layout.run, inputs.model
+    `stagecost.shard_model` scales to the rank's ``s / cp``: `ModelSpec.routed_share`); the
+    same share of the routed rows the experts save activations for (`dist_memory`)."""
+    run = layout.run
     tokens = run.micro_batch_size * inputs.seq_len // run.cp
-    rows = shard_model(m, run).routed_rows(tokens, run.micro_batch_size)
-    return rows / (tokens * m.experts_per_token)
+    return shard_model(inputs.model, run).routed_share(tokens, run.micro_batch_size)
 
 
 def _dp_collective_s(

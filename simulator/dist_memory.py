@@ -37,6 +37,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from forecast.kernels import ITEMSIZE_BYTES
+from simulator.comm import routed_share
 from simulator.memory import (
     FP8_WEIGHT_CACHE_BYTES_PER_ELEMENT,
     activation_itemsize_bytes,
@@ -81,7 +82,9 @@ def layer_activation_bytes(inputs: SimInputs, layout: Layout, *, working: bool =
     flash = inputs.attention == "flash"
     # replicated (norms' inputs, masks, QKV/fc1 inputs), split over TP (attention's, the MLP's
     # per expert of a token), routed (the experts' input: whole on every TP rank), in bytes
-    saved = saved_bytes(m, fw, dt, flash=flash)
+    # the experts keep the rows their dispatcher moves (a binding capacity drops the rest)
+    kept = routed_share(inputs, layout) if m.num_experts > 1 else 1.0
+    saved = saved_bytes(m, fw, dt, flash=flash, kept=kept)
     # unfused scores (cp 1 only: `context_parallel.check_attention`)
     scores = 0.0 if flash else score_bytes(m, inputs.seq_len, dt, fw) / t
     sp = run.sequence_parallel

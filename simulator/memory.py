@@ -74,7 +74,7 @@ class SavedBytes:
 
 
 def saved_bytes(
-    model: ModelSpec, framework: Framework, dtype: Dtype, *, flash: bool = True
+    model: ModelSpec, framework: Framework, dtype: Dtype, *, flash: bool = True, kept: float = 1.0
 ) -> SavedBytes:
     """Korthikanti et al. 2022, eq. 2, tensor by tensor, with ``x`` = the activations' element
     size (`activation_itemsize_bytes`) and ``g`` = the element size a GEMM saves its input in
@@ -93,18 +93,22 @@ def saved_bytes(
       memory-efficient token permutation (2025; Megatron-LM issue 1716) applies the routing
       probabilities inside the experts' activation and unpermutes without them: nothing more
       (before, its ``unpermute`` saved ``k x tokens x h / tp``; TransformerEngine PR 1468).
+
+    ``kept``: the share of the ``k`` routed copies the experts run, below 1 when an expert
+    capacity drops rows (`ModelSpec.routed_share`, the share the dispatcher moves): the routed
+    input and the experts' MLP tensors scale with it.
     """
     x = activation_itemsize_bytes(dtype, framework)
     g = ITEMSIZE_BYTES[dtype]
-    parallel = _parallel_saved_bytes(model, framework, dtype, flash=flash)
+    parallel = _parallel_saved_bytes(model, framework, dtype, flash=flash, kept=kept)
     copies = g + (x if framework == "hf-eager" else 0.0)
-    routed = copies * model.experts_per_token * _moe_share(model)
+    routed = copies * model.experts_per_token * kept * _moe_share(model)
     masks = 2.0 * MASK_ITEMSIZE_BYTES  # attention's output and the MLP's output dropout
     return SavedBytes(replicated=2.0 * x + masks + 2.0 * g, parallel=parallel, routed=routed)
 
 
 def _parallel_saved_bytes(
-    model: ModelSpec, framework: Framework, dtype: Dtype, *, flash: bool
+    model: ModelSpec, framework: Framework, dtype: Dtype, *, flash: bool, kept: float = 1.0
 ) -> float:
     """`SavedBytes.parallel` (``x``, ``g``: `saved_bytes`): Q ``xq``, K and V ``2x kv`` (``q``,
     ``kv``: their widths over ``h``), the projection's input ``gq``, plus FlashAttention's own
@@ -112,8 +116,8 @@ def _parallel_saved_bytes(
     activation-function tensors, ``x f/h`` each: GeLU's input (1), Megatron's fused SwiGLU's
     gate and up (2; it recomputes SiLU in backward), HF eager ``LlamaMLP``'s gate, SiLU(gate)
     and up (3: SiLU saves its input, the multiply both of its inputs); and fc2's input
-    ``g f/h``; a MoE layer keeps that MLP part once per expert a token goes to, averaged over
-    the share of MoE layers."""
+    ``g f/h``; a MoE layer keeps that MLP part once per expert a token goes to and the
+    experts keep (``k x kept``: `saved_bytes`), averaged over the share of MoE layers."""
     x = activation_itemsize_bytes(dtype, framework)
     g = ITEMSIZE_BYTES[dtype]
     q = model.num_heads * model.dhead / model.hidden_size
@@ -123,7 +127,8 @@ def _parallel_saved_bytes(
     swiglu = 3.0 if framework == "hf-eager" else 2.0
     act = swiglu if model.activation == "swiglu" else 1.0
     mlp = (act * x + g) * model.ffn_hidden_size / model.hidden_size
-    return attention + mlp * (1.0 + (model.experts_per_token - 1) * _moe_share(model))
+    copies = model.experts_per_token * kept  # a MoE layer's MLP part, per token
+    return attention + mlp * (1.0 + (copies - 1.0) * _moe_share(model))
 
 
 def _moe_share(model: ModelSpec) -> float:
@@ -165,10 +170,12 @@ def parallel_units(model: ModelSpec, framework: Framework = "megatron") -> float
 
 
 def layer_activation_bytes(model: ModelSpec, run: Workload) -> float:
-    """Activation bytes one layer keeps for its backward pass."""
+    """Activation bytes one layer keeps for its backward pass (a MoE layer's experts: the
+    routed rows they keep, `ModelSpec.routed_share` of the pass's ``b`` sequences)."""
     s, b, h = run.seq, run.batch, model.hidden_size
     flash = run.framework == "megatron" and run.attention == "flash"
-    saved = saved_bytes(model, run.framework, run.dtype, flash=flash)
+    kept = model.routed_share(s * b, b) if model.num_experts > 1 else 1.0
+    saved = saved_bytes(model, run.framework, run.dtype, flash=flash, kept=kept)
     scores = 0.0 if flash else score_bytes(model, s, run.dtype, run.framework)
     return s * b * h * (saved.replicated + saved.parallel + saved.routed + scores)
 
