@@ -292,35 +292,46 @@ def zero3_blocking_s(
     *,
     first: bool,
     last: bool,
-    memo: dict[tuple[Op, float], float] | None = None,
+    memo: dict[tuple[Op, float, bool], float] | None = None,
 ) -> tuple[float, float]:
     """Seconds of ZeRO-3 collectives one chunk's forward and backward wait for, per micro-batch,
     under ``zero3_impl = "deepspeed-2021"``: module hooks all-gather each parameter tensor when
     its module runs (again for the recomputed forward under full recompute) and reduce-scatter
     each gradient after it, all on the compute stream's critical path. ``memo`` keeps each
-    tensor's collective time across calls over the same DP group (every chunk of a layout).
-    Every tensor moves over the dp x cp group, experts' too (DeepSpeed's 2021 ZeRO-3 ran no
-    expert parallelism)."""
-    m, run, cl, group = inputs.model, layout.run, inputs.cluster, layout.dp_group
+    tensor's collective time across calls over the same groups (every chunk of a layout).
+    Every tensor moves over the dp x cp group but a MoE layer's experts', which move over the
+    dp x cp / ep ranks holding the same experts (`Layout.edp_group`; DeepSpeed-MoE's expert
+    data-parallel group; nothing at ep = dp x cp). They moved over dp x cp, ranks holding
+    other experts among them (DeepSpeed's 2021 runs, which the efficiency is fitted on, had no
+    experts)."""
+    m, run, cl = inputs.model, layout.run, inputs.cluster
     pb, gb = param_itemsize_bytes(inputs.dtype), grad_itemsize_bytes(inputs.dtype)
     memo = {} if memo is None else memo
 
-    def cost(op: Op, tensors: Sequence[float], itemsize: int) -> float:
+    def cost(op: Op, tensors: Sequence[float], itemsize: int, *, expert: bool = False) -> float:
+        group = layout.edp_group if expert else layout.dp_group
+        if len(group) < 2:
+            return 0.0
         total = 0.0
         for t in tensors:
-            if (op, t) not in memo:  # NCCL's only all-gather/reduce-scatter algorithm then: ring
-                memo[op, t] = collective_time_s(op, t * itemsize, group, cl, algorithm="ring")
-            total += memo[op, t]
+            if (op, t, expert) not in memo:  # NCCL's only all-gather/reduce-scatter then: ring
+                memo[op, t, expert] = collective_time_s(
+                    op, t * itemsize, group, cl, algorithm="ring"
+                )
+            total += memo[op, t, expert]
         return total
 
+    def layer_s(op: Op, itemsize: int) -> float:
+        dense = m.layer_param_tensors(moe=False, tp=run.tp, ep=run.ep)
+        shared = m.layer_param_tensors(moe=True, tp=run.tp, ep=run.ep, experts=False)
+        experts = m.expert_param_tensors(tp=run.tp, ep=run.ep)
+        moe_s = cost(op, shared, itemsize) + cost(op, experts, itemsize, expert=True)
+        return (layers - moe) * cost(op, dense, itemsize) + (moe * moe_s if moe else 0.0)
+
     moe = m.moe_layers(layers)
-    groups = [(layers - moe, m.layer_param_tensors(moe=False, tp=run.tp, ep=run.ep))]
-    if moe:
-        groups.append((moe, m.layer_param_tensors(moe=True, tp=run.tp, ep=run.ep)))
     ends = end_tensors(m, run, first=first, last=last)
-    gather = sum(n * cost("all-gather", ts, pb) for n, ts in groups) + cost("all-gather", ends, pb)
-    scatter = sum(n * cost("reduce-scatter", ts, gb) for n, ts in groups)
-    scatter += cost("reduce-scatter", ends, gb)
+    gather = layer_s("all-gather", pb) + cost("all-gather", ends, pb)
+    scatter = layer_s("reduce-scatter", gb) + cost("reduce-scatter", ends, gb)
     regather = 2 if run.recompute == "full" else 1
     eff = DEEPSPEED_2021_ZERO3_EFFICIENCY
     return gather / eff, (regather * gather + scatter) / eff

@@ -10,14 +10,18 @@ ZeRO-1 and the distributed optimizer divide the optimizer state by the dp x cp g
 also the gradients, ZeRO-3 also the weights, plus the gathered working set: ZeRO-3 gathers
 module by module (DeepSpeed, FSDP), so the stage's two largest modules are live in full (the one
 computing and the one prefetched: two layers, or a layer and an embedding table the stage holds);
-over a group of one rank nothing is sharded and nothing is gathered.
+over a group of one rank nothing is sharded and nothing is gathered. Expert parameters (MoE)
+shard, and gather, over the ranks holding the same experts instead, dp x cp / ep
+(`Layout.edp_group`: ep is carved out of dp x cp and each expert split over tp, so
+Megatron-core's expert data-parallel size dp cp tp / (ep etp) with etp = tp).
 
 Activations per layer and micro-batch (Korthikanti et al. 2022, eq. 2 and section 4, in
 2-byte units, scaled by the element size; ``s`` = seq/cp; of the ``24/t`` the MLP's 16 scale
 with ffn/4h and are 24 for SwiGLU, and a MoE layer routing each token to ``k`` experts keeps
 them ``k`` times: `memory.parallel_units`; a MoE layer also keeps its experts' input, the ``k``
 routed copies of each token gathered whole on every TP rank, ``+ 2k`` not divided by ``t``:
-`memory.saved_bytes`):
+`memory.saved_bytes`; both for the copies a binding expert capacity keeps, the share the
+dispatcher moves: `comm.routed_share`):
 no recompute ``s*b*h*(10 + 24/t + 5as/(ht))`` (``34/t`` with sequence parallelism; the
 ``5as/h`` score term vanishes with flash attention, `SimInputs.attention`, which context
 parallelism requires: `context_parallel.check_attention`),
@@ -54,6 +58,7 @@ from simulator.shard_params import (
     chunk_gemm_weights,
     dense_layer_params,
     end_tensors,
+    expert_layer_params,
     moe_layer_params,
 )
 
@@ -100,12 +105,15 @@ def layer_activation_bytes(inputs: SimInputs, layout: Layout, *, working: bool =
 
 def _gathered_params(inputs: SimInputs, layout: Layout, stage: int) -> float:
     """Parameters ZeRO-3 holds gathered at once on one GPU of ``stage``: its two largest modules
-    (layers and the tables `end_tensors` lists); none when the dp x cp group is one rank."""
+    (layers and the tables `end_tensors` lists); none when the dp x cp group is one rank. A MoE
+    layer's experts are sharded over their expert-data-parallel group (`Layout.edp_group`, dp x
+    cp / ep): when that is one rank (ep = dp x cp) they are held whole and not gathered."""
     m, run = inputs.model, layout.run
     if layout.dp * run.cp == 1:
         return 0.0
     dense = dense_layer_params(m, run)
-    expert = moe_layer_params(m, run)
+    experts_whole = len(layout.edp_group) == 1
+    expert = moe_layer_params(m, run) - (expert_layer_params(m, run) if experts_whole else 0.0)
     chunks = layout.layers_per_stage[stage]
     units: list[float] = []
     for c, layers in enumerate(chunks):

@@ -176,21 +176,35 @@ class ModelSpec(BaseModel):
         norms = (3 if cross_attention else 2) * norm
         return attn * (2 if cross_attention else 1) + ffn + norms
 
-    def layer_param_tensors(self, *, moe: bool, tp: int = 1, ep: int = 1) -> list[int]:
+    def layer_param_tensors(
+        self, *, moe: bool, tp: int = 1, ep: int = 1, experts: bool = True
+    ) -> list[int]:
         """Elements of each parameter tensor of one dense (or MoE) decoder layer on one GPU of a
         ``tp`` x ``ep`` split: the unit a per-tensor ZeRO-3 gather moves. Megatron's split: the
         column-parallel weights and biases and the row-parallel weights are divided by ``tp``;
-        row-parallel biases and norms are replicated. Sums to `layer_params` at ``tp = ep = 1``."""
+        row-parallel biases and norms are replicated. Sums to `layer_params` at ``tp = ep = 1``.
+        ``experts=False``: a MoE layer's tensors but its experts' (`expert_param_tensors`),
+        which shard over their own expert-data-parallel group."""
         h, qd, kvd = self.hidden_size, self.num_heads * self.dhead, self.kv_heads * self.dhead
-        f, b = self.ffn_hidden_size, self.bias
         norm = [h, h] if self.norm == "layernorm" else [h]
-        attn = [h * (qd + 2 * kvd) // tp, qd * h // tp] + ([(qd + 2 * kvd) // tp, h] if b else [])
+        attn = [h * (qd + 2 * kvd) // tp, qd * h // tp] + (
+            [(qd + 2 * kvd) // tp, h] if self.bias else []
+        )
+        if not moe:
+            return norm + attn + norm + self._mlp_tensors(tp)
+        local = self.expert_param_tensors(tp=tp, ep=ep) if experts else []
+        return norm + attn + norm + local + [h * self.num_experts]  # the router's, whole
+
+    def expert_param_tensors(self, *, tp: int = 1, ep: int = 1) -> list[int]:
+        """Elements of each expert parameter tensor one GPU holds of a MoE layer: its
+        ``num_experts / ep`` experts' MLP tensors, split over ``tp`` as a dense MLP's."""
+        local = max(1, self.num_experts // ep)
+        return [t for t in self._mlp_tensors(tp) for _ in range(local)]
+
+    def _mlp_tensors(self, tp: int) -> list[int]:
+        h, f = self.hidden_size, self.ffn_hidden_size
         mats = 3 if self.activation == "swiglu" else 2
-        mlp = [h * f // tp] * mats + ([f // tp, h] if b else [])
-        if moe:
-            local = max(1, self.num_experts // ep)
-            mlp = [t for t in mlp for _ in range(local)] + [h * self.num_experts]
-        return norm + attn + norm + mlp
+        return [h * f // tp] * mats + ([f // tp, h] if self.bias else [])
 
     def check_sequence(self, seq: int) -> None:
         """A `ConfigError` when ``seq`` tokens do not fit a learned position table (the model

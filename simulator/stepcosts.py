@@ -92,7 +92,7 @@ def _with_dp(
     layout: Layout,
     layers: int,
     ends: tuple[bool, bool],
-    memo: dict[tuple[Op, float], float],
+    memo: dict[tuple[Op, float, bool], float],
 ) -> ChunkCost:
     """``params``: the chunk's parameters and how many of them are expert parameters."""
     total, expert = params
@@ -123,7 +123,7 @@ def step_costs(inputs: SimInputs, layout: Layout, table: LatencyTable) -> StepCo
     lc = layer_comm(inputs, layout)
     pp, v = run.pp, layout.chunks
     chunks, optimizer, gather = [], [], []
-    zero3_memo: dict[tuple[Op, float], float] = {}  # one DP group: every chunk shares it
+    zero3_memo: dict[tuple[Op, float, bool], float] = {}  # one layout: every chunk shares it
     for s in range(pp):
         row, stage_params, stage_expert = [], 0.0, 0.0
         for c in range(v):
