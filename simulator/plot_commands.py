@@ -48,18 +48,18 @@ def _plot(args: argparse.Namespace) -> int:
     out = path if path.is_dir() else path.parent
     check_files(out, [f"{f}.png" for f in FIGURES], f"plot {args.dir}")
     study = sweep_study(out)
-    if not study:  # the titles named no study, as if the figures were of none
-        print(
-            f"tilesim: {out} has no scenario.resolved.json or report.md naming the study; "
-            f"the figures' titles say {UNKNOWN_STUDY!r}",
-            file=sys.stderr,
-        )
     from simulator.plots import plot_all  # matplotlib only when figures are drawn
 
     by, top = args.rank or sweep_rank(out), args.top or sweep_top(out)
     figures = plot_all(rows, out, by=by, study=study or UNKNOWN_STUDY, top=top)
     if not figures:  # it printed nothing and exited 0
         raise InfeasibleConfig(f"plot {args.dir}: no simulated layout fits; no figure to draw")
+    if not study:  # the titles named no study, as if the figures were of none
+        print(
+            f"tilesim: {out} has no scenario.resolved.json or report.md naming the study; "
+            f"the figures' titles say {UNKNOWN_STUDY!r}",
+            file=sys.stderr,
+        )
     for path in figures:
         print(path)
     return 0
