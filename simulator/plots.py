@@ -185,7 +185,7 @@ def _context_order(ctx: str) -> tuple[str, int]:
 
 def plot_scaling(rows: Sequence[Row], path: Path, *, by: str = "tokens", study: str = "") -> Path:
     """Best simulated tokens/s against GPU count, one line per cluster option."""
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(9.5, 5))
     best = best_per_context(rows, "tokens")
     labels: list[Annotation] = []
     for option in sorted({r["option"] for r in best}):
@@ -201,19 +201,25 @@ def plot_scaling(rows: Sequence[Row], path: Path, *, by: str = "tokens", study: 
                 f"MFU {r['mfu']:.1%}",
                 (r["num_gpus"], r["tokens_per_s"]),
                 textcoords="offset points",
-                xytext=(5, -3),
+                xytext=(6, 0),
+                va="center",
                 fontsize=7,
             )
             labels.append(mfu)
     ax.set_xscale("log", base=2)
+    # room beside the first and last sizes, where no line runs, for their labels
+    ax.margins(x=0.15, y=0.08)
     sizes = sorted({r["num_gpus"] for r in best})
     ax.set_xticks(sizes, [str(n) for n in sizes])
     ax.set_xlabel("GPUs")
     ax.set_ylabel("best tokens/s")
     _whole_numbers(ax.yaxis)
     ax.set_title(titled(rows, "Scaling: best layout at each cluster size", study))
-    ax.legend(fontsize=8)
-    place_labels(fig, labels)  # the largest size's labels ran past the axes' right edge
+    # beside the axes: inside, it covered the lines or the labels of the smallest size
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    # off the lines, markers and each other: right of a point they lay across the lines
+    # leaving it, and the largest size's ran past the axes' right edge
+    place_labels(fig, labels)
     return save_figure(fig, path)
 
 
