@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 import matplotlib
 
@@ -20,9 +20,12 @@ from simulator.errors import ConfigError, check_writable_above
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.figure import Figure
+from matplotlib.path import Path as MplPath
 from matplotlib.text import Annotation
+from matplotlib.transforms import Bbox
 
 # dates matplotlib would stamp, per format (PostScript reads SOURCE_DATE_EPOCH instead)
 _NO_DATE = {"svg": {"Date": None}, "pdf": {"CreationDate": None, "ModDate": None}}
@@ -52,33 +55,86 @@ def _write(fig: Figure, tmp: Path, fmt: str, dpi: int) -> None:
     tmp.write_bytes(gzip.compress(data, mtime=0) if fmt == "svgz" else data)
 
 
+_HAlign = Literal["left", "center", "right"]
+_VAlign = Literal["bottom", "center", "top"]
+_Spot = tuple[tuple[float, float], _HAlign, _VAlign]  # offset in points and the alignment
+
+# Where a point label may go, in order of preference after the caller's own offset: a unit
+# direction from the point and the text's alignment there (right, left, above, below, then
+# the diagonals), each tried at growing distances (points).
+_SIDES: tuple[tuple[int, int, _HAlign, _VAlign], ...] = (
+    (1, 0, "left", "center"),
+    (-1, 0, "right", "center"),
+    (0, 1, "center", "bottom"),
+    (0, -1, "center", "top"),
+    (1, 1, "left", "bottom"),
+    (1, -1, "left", "top"),
+    (-1, 1, "right", "bottom"),
+    (-1, -1, "right", "top"),
+)
+_DISTANCES_PT = (5.0, 10.0, 18.0, 28.0)
+
+
+def _spots(t: Annotation) -> list[_Spot]:
+    own = cast(_Spot, (t.xyann, t.get_horizontalalignment(), t.get_verticalalignment()))
+    others = [((dx * d, dy * d), ha, va) for d in _DISTANCES_PT for dx, dy, ha, va in _SIDES]
+    return [own, *others]
+
+
+def _obstacles(ax: Axes) -> tuple[list[MplPath], list[Bbox]]:
+    """The drawn lines of ``ax`` in pixels, and the boxes of its legend and the figure's."""
+    paths = [
+        line.get_transform().transform_path(line.get_path())
+        for line in ax.get_lines()
+        if line.get_visible()
+    ]
+    legends = [lg for lg in (ax.get_legend(), *ax.figure.legends) if lg is not None]
+    return paths, [lg.get_window_extent() for lg in legends]
+
+
+def _clashes(box: Bbox, frame: Bbox, near: tuple[list[MplPath], list[Bbox]], pad: float) -> int:
+    """How badly a label's box sits: past the axes' edge worst, then over another label or a
+    legend, then across a line or a marker (``pad``: a marker's radius, in pixels)."""
+    paths, boxes = near
+    inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+    padded = box.padded(pad)
+    crossed = sum(p.intersects_bbox(padded, filled=False) for p in paths)
+    return (0 if inside else 1000) + 100 * sum(box.overlaps(b) for b in boxes) + crossed
+
+
 def place_labels(fig: Figure, labels: list[Annotation]) -> None:
-    """Move point labels (each offset in points from its point) so that each lies inside its
-    axes and none covers another: one past the right (top) edge goes to the left of (below) its
-    point, and of two that overlap in one axes the upper moves up clear of the lower. Measured
-    on the laid-out figure, which `save_figure` lays out the same way again."""
+    """Move point labels (each offset in points from its point) so that none covers another
+    label, a line, a marker or a legend, and each lies inside its axes: each takes the first
+    clear spot around its point (its own offset first, then right, left, above, below and the
+    diagonals, near to far), else the least crowded one. Measured on the laid-out figure, which
+    `save_figure` lays out the same way again; the scaling figure's MFU labels lay across the
+    linear-scaling lines and on each other."""
     fig.tight_layout()
+    placed: list[Bbox] = []
     for t in labels:
-        if t.axes is None:
+        ax = t.axes
+        if not isinstance(ax, Axes):
             continue
-        frame, box = t.axes.get_window_extent(), t.get_window_extent()
-        dx, dy = t.xyann
-        if box.x1 > frame.x1:
-            t.set_horizontalalignment("right")
-            dx = -abs(dx)
-        if box.y1 > frame.y1:
-            t.set_verticalalignment("top")
-            dy = -abs(dy)
-        t.xyann = (dx, dy)
-    points_per_px = 72.0 / fig.dpi
-    placed: list[Annotation] = []
-    for t in sorted(labels, key=lambda t: t.get_window_extent().y0):
-        for other in placed:
-            box, below = t.get_window_extent(), other.get_window_extent()
-            if other.axes is t.axes and box.overlaps(below):
-                dx, dy = t.xyann
-                t.xyann = (dx, dy + (below.y1 - box.y0 + 1.0) * points_per_px)
-        placed.append(t)
+        frame, (paths, legends) = ax.get_window_extent(), _obstacles(ax)
+        pad = max((ln.get_markersize() for ln in ax.get_lines()), default=0.0) / 2 * fig.dpi / 72
+        best: tuple[int, int, _Spot] | None = None
+        for i, spot in enumerate(_spots(t)):
+            _put(t, spot)
+            score = _clashes(t.get_window_extent(), frame, (paths, [*legends, *placed]), pad)
+            if best is None or score < best[0]:
+                best = (score, i, spot)
+            if score == 0:
+                break
+        if best is not None:
+            _put(t, best[2])
+            placed.append(t.get_window_extent())
+
+
+def _put(t: Annotation, spot: _Spot) -> None:
+    offset, ha, va = spot
+    t.xyann = offset
+    t.set_horizontalalignment(ha)
+    t.set_verticalalignment(va)
 
 
 def save_figure(fig: Figure, path: Path, *, dpi: int = 110) -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import matplotlib
@@ -23,6 +24,7 @@ from matplotlib.transforms import offset_copy
 from simulator.figures import place_labels, save_figure
 from simulator.report import (
     RANKING_NAMES,
+    TOP_K,
     amount_text,
     best_per_context,
     hardware_text,
@@ -84,11 +86,18 @@ def _ranked_amount(r: Row, by: str) -> str:
     return ""
 
 
+# bars the top-layouts figure holds: 1,500 made a PNG 74,000 pixels tall in 19 s
+MAX_BARS = 50
+
+
 def plot_top_layouts(
-    rows: Sequence[Row], path: Path, *, by: str = "tokens", k: int = 12, study: str = ""
+    rows: Sequence[Row], path: Path, *, by: str = "tokens", k: int = TOP_K, study: str = ""
 ) -> Path:
-    """Horizontal stacked bars: the best layouts' step time by part."""
-    top = rank(rows, by)[:k][::-1]
+    """Horizontal stacked bars: the best ``k`` layouts' step time by part, as many as the
+    report's table lists (`--top`; the figure drew 12 beside a table of 10), at most
+    `MAX_BARS` (the title says so when the table lists more)."""
+    ranked = rank(rows, by)
+    top = ranked[: min(k, MAX_BARS)][::-1]
     unit, scale = time_unit(max(r["iteration_s"] for r in top))
     fig, ax = plt.subplots(figsize=(11, 0.45 * max(4, len(top)) + 1.5))
     labels = [
@@ -107,6 +116,8 @@ def plot_top_layouts(
         "(bubble: a GPU's mean idle share)"
     )
     what = f"Top {len(top)} layouts by {RANKING_NAMES[by]} (best at the top)"
+    if min(k, len(ranked)) > len(top):
+        what += f"; the report lists {min(k, len(ranked))}, a figure at most {MAX_BARS}"
     # options whose layouts lack the ranking's column (no price under --rank cost) are not
     # among them: say so, or a partly priced study's figure reads as if they lost
     need = lacking_column(by)
@@ -174,7 +185,7 @@ def _context_order(ctx: str) -> tuple[str, int]:
 
 def plot_scaling(rows: Sequence[Row], path: Path, *, by: str = "tokens", study: str = "") -> Path:
     """Best simulated tokens/s against GPU count, one line per cluster option."""
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(9.5, 5))
     best = best_per_context(rows, "tokens")
     labels: list[Annotation] = []
     for option in sorted({r["option"] for r in best}):
@@ -190,19 +201,25 @@ def plot_scaling(rows: Sequence[Row], path: Path, *, by: str = "tokens", study: 
                 f"MFU {r['mfu']:.1%}",
                 (r["num_gpus"], r["tokens_per_s"]),
                 textcoords="offset points",
-                xytext=(5, -3),
+                xytext=(6, 0),
+                va="center",
                 fontsize=7,
             )
             labels.append(mfu)
     ax.set_xscale("log", base=2)
+    # room beside the first and last sizes, where no line runs, for their labels
+    ax.margins(x=0.15, y=0.08)
     sizes = sorted({r["num_gpus"] for r in best})
     ax.set_xticks(sizes, [str(n) for n in sizes])
     ax.set_xlabel("GPUs")
     ax.set_ylabel("best tokens/s")
     _whole_numbers(ax.yaxis)
     ax.set_title(titled(rows, "Scaling: best layout at each cluster size", study))
-    ax.legend(fontsize=8)
-    place_labels(fig, labels)  # the largest size's labels ran past the axes' right edge
+    # beside the axes: inside, it covered the lines or the labels of the smallest size
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    # off the lines, markers and each other: right of a point they lay across the lines
+    # leaving it, and the largest size's ran past the axes' right edge
+    place_labels(fig, labels)
     return save_figure(fig, path)
 
 
@@ -307,10 +324,15 @@ PLOTS: dict[str, Callable[..., Path]] = {
 
 
 def plot_all(
-    rows: Sequence[Row], out_dir: Path, *, by: str = "tokens", study: str = ""
+    rows: Sequence[Row], out_dir: Path, *, by: str = "tokens", study: str = "", top: int = TOP_K
 ) -> list[Path]:
     """Every figure of `PLOTS` as ``out_dir/<name>.png`` (skipped when nothing is ranked);
-    ``study``, the scenario's name, heads each title."""
+    ``study``, the scenario's name, heads each title; the top-layouts figure shows ``top``
+    layouts, as the report's table."""
     if not rank(rows, by):
         return []
-    return [fn(rows, out_dir / f"{name}.png", by=by, study=study) for name, fn in PLOTS.items()]
+    plots: dict[str, Callable[..., Path]] = {
+        **PLOTS,
+        "top_layouts": partial(plot_top_layouts, k=top),
+    }
+    return [fn(rows, out_dir / f"{name}.png", by=by, study=study) for name, fn in plots.items()]

@@ -24,6 +24,7 @@ RANKINGS: dict[str, tuple[str, bool]] = {
 }
 # ranking id -> what a reader is told the ranking is by
 RANKING_NAMES = {"tokens": "tokens/s", "time": "time to train", "cost": "cost"}
+TOP_K = 10  # layouts the top table, the report and the top-layouts figure show (`--top`)
 
 
 def rank(rows: Sequence[Row], by: str = "tokens") -> list[Row]:
@@ -138,7 +139,7 @@ def _table(header: list[str], lines: list[list[str]]) -> str:
     return "\n".join(out)
 
 
-def top_table(rows: Sequence[Row], *, k: int = 10, by: str = "tokens") -> str:
+def top_table(rows: Sequence[Row], *, k: int = TOP_K, by: str = "tokens") -> str:
     """The K best layouts as a Markdown table (also what the terminal prints)."""
     header = ["#", "context", "layout", "tokens/s", "MFU", "step s", "bubble", "GiB/GPU"]
     header += ["days", "cost $"]
@@ -205,7 +206,7 @@ def markdown_report(
     *,
     title: str,
     pruned: Sequence[tuple[str, int, str]],
-    k: int = 10,
+    k: int = TOP_K,
     by: str = "tokens",
 ) -> str:
     """The sweep's report: counts, top K, best per cluster option, screen accuracy, errors;

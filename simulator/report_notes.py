@@ -58,7 +58,8 @@ def _basis(rows: Sequence[Row]) -> list[str]:
         ]
     return [
         f"* Days, cost and energy are for the token budget, {tokens:g} tokens "
-        "(`sweep.train_tokens`), at each layout's simulated tokens/s: cost = GPUs x hours x "
+        "(`sweep.train_tokens`), in whole optimizer steps: time = ceil(budget / (global batch "
+        "x sequence length)) x the layout's simulated step time; cost = GPUs x hours x "
         "price_per_gpu_hour; energy = GPUs x power_w_per_gpu x time, with the scenario's "
         "power per GPU as given (no facility overhead, PUE, is added)."
     ]
@@ -93,7 +94,8 @@ COLUMNS = """\
 * `option`, `GPUs`: the cluster option (`[[sweep.options]]` by id, else the cluster's GPU)
   and its size.
 * `days`, `cost $`, `MWh`: time, cost and energy to train the token budget `sweep.train_tokens`
-  at the layout's tokens/s (`-` without the budget, a price or a power; see Notes).
+  in whole steps of the layout's step time (`-` without the budget, a price or a power; see
+  Notes).
 * Top-layouts figure: each step's critical path split into compute, exposed communication by
   kind (time on the critical path spent in tp, cp, ep, pp or dp communication that compute did
   not hide) and the optimizer; the parts add up to the step."""

@@ -23,6 +23,7 @@ import importlib.util
 import json
 import math
 from collections.abc import Iterable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -94,12 +95,21 @@ def blank_row(**values: Any) -> Row:
     return row
 
 
-def add_training_cost(row: Row) -> Row:
-    """Fill time to train, cost and energy from tokens/s, the token budget, price and power."""
-    tps, tokens = row.get("tokens_per_s"), row.get("train_tokens")
-    if not tps or not tokens:
+def train_steps(train_tokens: float, tokens_per_step: int) -> int:
+    """Optimizer steps to train ``train_tokens``: a run takes whole steps, so the last one is
+    taken whole, ceil(budget / tokens per step) (exact: the fraction of two floats' quotient
+    could round an almost-whole count down)."""
+    return math.ceil(Fraction(train_tokens) / tokens_per_step)
+
+
+def add_training_cost(row: Row, *, tokens_per_step: int) -> Row:
+    """Fill time to train, cost and energy: `train_steps` whole steps of the row's step time
+    (``tokens_per_step`` = global batch x sequence length), then GPU-hours x price and x power.
+    The budget over tokens/s counted a fraction of a last step no run can take."""
+    step_s, tokens = row.get("iteration_s"), row.get("train_tokens")
+    if not step_s or not row.get("tokens_per_s") or not tokens:
         return row
-    seconds = tokens / tps
+    seconds = train_steps(tokens, tokens_per_step) * step_s
     gpu_hours = seconds / 3600.0 * row["num_gpus"]
     row["time_to_train_s"] = seconds
     if row.get("price_per_gpu_hour") is not None:

@@ -28,7 +28,10 @@ SWEEP_TEXT = f"""\
 Lists under `[sweep]`: the `[run]` keys {", ".join(f"`{k}`" for k in RUN_KEYS)} (every
 combination is a layout; a key not listed, and every other `[run]` key, takes its `[run]`
 value), plus `world_size` (cluster sizes; default `cluster.num_gpus`). A procurement
-study adds `train_tokens = [N]` and `[[sweep.options]]` tables, one per cluster option: `id`,
+study adds `train_tokens = [N]`, the token budget: a run takes whole optimizer steps, steps =
+ceil(N / tokens per step) with tokens per step = training.global_batch_size x
+model.seq_len, and time to train = steps x the layout's step time. It also adds
+`[[sweep.options]]` tables, one per cluster option: `id`,
 `gpu`, `server`, `network`, optional `num_gpus` (a list), `gpus_per_node`, `nics_per_node`, and
 the user's `price_per_gpu_hour` (US$ per GPU-hour, all-in: cost = GPUs x hours x price) and
 `power_w_per_gpu` (watts per GPU while training, as the user counts it: the board alone, or

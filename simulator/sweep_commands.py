@@ -26,7 +26,7 @@ from tqdm import tqdm
 from forecast.files import write_text_atomic
 from simulator.errors import ConfigError, InfeasibleConfig, add_set_option, at_least
 from simulator.plot_commands import add_plot_command
-from simulator.report import RANKINGS, markdown_report, top_table
+from simulator.report import RANKINGS, TOP_K, markdown_report, top_table
 from simulator.rows import ProgressLog, Row, final_rows, write_rows
 from simulator.scenario import Scenario, check_tokens, load_scenario
 from simulator.space import Point, Space, enumerate_space, find_scenario, point_keys
@@ -80,7 +80,11 @@ def _add_executor_options(p: argparse.ArgumentParser) -> None:
 def _add_ranking_options(p: argparse.ArgumentParser) -> None:
     """``--top``, ``--rank``, ``--candidates``, ``--per-context``: what is simulated and shown."""
     p.add_argument(
-        "--top", type=int, default=10, help="rows in the printed ranking (default: %(default)s)"
+        "--top",
+        type=int,
+        default=TOP_K,
+        help="layouts in the printed ranking, the report's table and the top-layouts figure "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--rank", default="tokens", choices=sorted(RANKINGS), help="ranking (default: %(default)s)"
@@ -215,7 +219,7 @@ def _run(
             print(stale, file=sys.stderr)
         if log.stale or not log.done:  # no rows, report or figure but this sweep's
             remove_results(out)
-        write_resolved(scenario, space, out, args.rank)
+        write_resolved(scenario, space, out, args.rank, args.top)
         screened = _tier(args, log, "screen", space.points, shared)
         top, per_context = args.candidates, args.per_context
         chosen = candidate_points(
@@ -255,7 +259,7 @@ def _finish(
     write_text_atomic(out / "report.md", report)
     from simulator.plots import plot_all  # matplotlib only when figures are drawn
 
-    figures = plot_all(rows, out, by=args.rank, study=scenario.study.name)
+    figures = plot_all(rows, out, by=args.rank, study=scenario.study.name, top=args.top)
     if not figures:  # nothing ranked: no figure, and none of an earlier sweep's left linked
         remove_results(out, FIGURE_FILES)
     print(top_table(rows, k=args.top, by=args.rank))

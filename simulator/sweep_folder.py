@@ -10,10 +10,11 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from forecast.files import write_text_atomic
 from simulator.errors import ConfigError, check_writable_above
-from simulator.report import RANKINGS
+from simulator.report import RANKING_NAMES, RANKINGS, TOP_K
 from simulator.rows import PROGRESS, PROGRESS_META, code_fingerprint
 from simulator.scenario import Scenario
 from simulator.space import Space
@@ -75,8 +76,9 @@ def fingerprint(scenario: Scenario, space: Space) -> str:
     return f"{code_fingerprint()}-{digest(scenario)}-{inputs_digest(scenario, space)}"
 
 
-def write_resolved(scenario: Scenario, space: Space, out: Path, rank: str) -> None:
-    """Write ``scenario.resolved.json``: the scenario, its model and contexts, the layouts."""
+def write_resolved(scenario: Scenario, space: Space, out: Path, rank: str, top: int) -> None:
+    """Write ``scenario.resolved.json``: the scenario, its model and contexts, the layouts, and
+    the ranking and ``--top`` that `tilesim plot DIR` redraws with."""
     contexts = [
         {
             "id": c.id,
@@ -97,30 +99,63 @@ def write_resolved(scenario: Scenario, space: Space, out: Path, rank: str) -> No
         "pruned": space.pruned,
         "pruned_by": {rule: n for rule, n, _ in space.pruned_by},
         "rank": rank,  # `tilesim plot DIR` redraws with the sweep's own ranking
+        "top": top,  # and as many top layouts as its report lists
     }
     text = json.dumps(resolved, indent=1, allow_nan=False) + "\n"
     write_text_atomic(out / "scenario.resolved.json", text)
 
 
-def sweep_rank(out: Path) -> str:
-    """The ``--rank`` the sweep in ``out`` ran with (its scenario.resolved.json), else tokens:
-    a ``--rank cost`` sweep's figures were redrawn ranked by tokens/s."""
+def _resolved(out: Path) -> dict[str, Any]:
+    """``out``'s scenario.resolved.json, or {} when it is missing or unreadable."""
     try:
-        rank = json.loads((out / "scenario.resolved.json").read_text(encoding="utf-8"))["rank"]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
-        return "tokens"
-    return rank if rank in RANKINGS else "tokens"
+        doc = json.loads((out / "scenario.resolved.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _report_match(out: Path, pattern: str) -> str | None:
+    """The first group of ``pattern`` on a line of ``out``'s report.md (the sweep's own words
+    where scenario.resolved.json is gone: a folder copied without it), or None."""
+    try:
+        text = (out / "report.md").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    found = re.search(pattern, text, flags=re.MULTILINE)
+    return found.group(1).strip() if found else None
+
+
+def sweep_rank(out: Path) -> str:
+    """The ``--rank`` the sweep in ``out`` ran with (its scenario.resolved.json, else its
+    report's "Ranked by"), else tokens: a ``--rank cost`` sweep's figures were redrawn ranked
+    by tokens/s."""
+    rank = _resolved(out).get("rank")
+    if rank not in RANKINGS:
+        said = _report_match(out, r"Ranked by (.+?) \(simulated layouts only\)")
+        rank = next((k for k, name in RANKING_NAMES.items() if name == said), "tokens")
+    return str(rank)
 
 
 def sweep_study(out: Path) -> str:
-    """The name of the study whose sweep is in ``out`` (its scenario.resolved.json), else "":
-    the figures' titles name it, and a redraw named none."""
-    try:
-        resolved = json.loads((out / "scenario.resolved.json").read_text(encoding="utf-8"))
-        name = resolved["scenario"]["study"]["name"]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
-        return ""
-    return name if isinstance(name, str) else ""
+    """The name of the study whose sweep is in ``out`` (its scenario.resolved.json, else its
+    report's "# Sweep: NAME" heading), else "": the figures' titles name it, and a redraw of a
+    folder without scenario.resolved.json named none."""
+    scenario = _resolved(out).get("scenario")
+    study = scenario.get("study") if isinstance(scenario, dict) else None
+    name = study.get("name") if isinstance(study, dict) else None
+    if isinstance(name, str) and name:
+        return name
+    return _report_match(out, r"\A# Sweep: (.+)$") or ""
+
+
+def sweep_top(out: Path) -> int:
+    """The ``--top`` the sweep in ``out`` ran with (its scenario.resolved.json, else its
+    report's "## Top N" heading, N being the layouts it lists), else `TOP_K`."""
+    top = _resolved(out).get("top")
+    if isinstance(top, int) and not isinstance(top, bool) and top >= 1:
+        return top
+    said = _report_match(out, r"^## Top (\d+)$")
+    return int(said) if said and int(said) >= 1 else TOP_K
 
 
 def remove_results(out: Path, names: Sequence[str] = RESULTS) -> None:

@@ -49,8 +49,8 @@ dp = 0
 
 def simulated_row(option: str, n: int, tps: float, key: str = "x", **fields: Any) -> Row:
     """A simulated, fitting row of option ``option`` on ``n`` GPUs: a 1 s step at ``tps``
-    tokens/s of a pure data-parallel layout, overridden by ``fields``; time to train, cost and
-    energy are filled where ``train_tokens`` (and a price or power) are given."""
+    tokens/s of a pure data-parallel layout, overridden by ``fields``; time to train (whole
+    steps), cost and energy are filled where ``train_tokens`` (and a price or power) are given."""
     row = blank_row(
         key=f"{option}@{n}/{key}",
         option=option,
@@ -74,7 +74,8 @@ def simulated_row(option: str, n: int, tps: float, key: str = "x", **fields: Any
         memory_gib_per_gpu=10.0,
     )
     row.update(fields)
-    return add_training_cost(row)
+    # the step's tokens: tokens/s x step time (a 1 s step: the tokens/s)
+    return add_training_cost(row, tokens_per_step=round(row["tokens_per_s"] * row["iteration_s"]))
 
 
 def drawn(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[Figure]:

@@ -49,7 +49,8 @@ def test_a_raising_layout_fails_the_command_by_name_and_a_rerun_heals_it(
 
 
 def test_procurement_time_cost_and_energy_follow_from_the_throughput(tmp_path: Path) -> None:
-    """Issue #7: per option, time to train = tokens / (tokens/s), cost = GPU-hours x price,
+    """Issue #7: per option, time to train = whole steps x step time (1e9 tokens in steps of
+    2,048: ceil(488,281.25) = 488,282), cost = GPU-hours x price,
     energy = GPU-seconds x watts (MWh); an option without power gets no energy."""
     study = tmp_path / "study.toml"
     study.write_text(
@@ -63,7 +64,7 @@ def test_procurement_time_cost_and_energy_follow_from_the_throughput(tmp_path: P
     rows = [r for r in load_rows(out) if r["tier"] == "simulate" and r["status"] == "ok"]
     assert {r["option"] for r in rows} == {"a", "b"}
     for r in rows:
-        t = 1.0e9 / r["tokens_per_s"]
+        t = 488_282 * r["iteration_s"]
         assert r["time_to_train_s"] == pytest.approx(t, rel=1e-12)
         assert r["cost_usd"] == pytest.approx(t / 3600 * r["num_gpus"] * r["price_per_gpu_hour"])
         if r["option"] == "a":

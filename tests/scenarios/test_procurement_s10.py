@@ -91,7 +91,8 @@ def test_time_cost_and_energy_are_the_closed_forms_of_every_ranked_row(tmp_path:
     ranked = rank(rows, "cost")
     assert len(ranked) >= 4
     for r in ranked:
-        seconds = TOKENS / r["tokens_per_s"]  # the token budget at the simulated rate
+        # the token budget in whole steps of 16 x 128 tokens: ceil(488,281.25)
+        seconds = 488_282 * r["iteration_s"]
         gpu_hours = r["num_gpus"] * seconds / 3600.0
         assert r["train_tokens"] == TOKENS
         assert r["time_to_train_s"] == pytest.approx(seconds, rel=1e-12)

@@ -88,14 +88,15 @@ def test_a_rerun_of_a_finished_sweep_and_other_top_leave_the_rows(
     fresh: Path, tmp_path: Path
 ) -> None:
     """Rerunning the finished sweep (all rows resumed) rewrites the same bytes; --top changes
-    the report's table only."""
+    the report's table, the top-layouts figure (as many layouts) and the --top recorded for
+    `tilesim plot` only."""
     out = tmp_path / "out"
     shutil.copytree(fresh, out)
     assert _sweep(out, "--serial") == 0
     _same_files(out, fresh)
     assert _sweep(out, "--serial", "--top", "2") == 0
     changed = [n for n, b in _files(out).items() if b != _files(fresh)[n]]
-    assert changed == ["report.md"]
+    assert changed == ["report.md", "scenario.resolved.json", "top_layouts.png"]
     assert "## Top 2\n" in (out / "report.md").read_text()
 
 

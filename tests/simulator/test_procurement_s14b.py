@@ -68,8 +68,9 @@ def test_a_budget_under_one_step_names_the_step(capsys: pytest.CaptureFixture[st
 
 
 def test_rows_keep_the_closed_forms_and_rank_cost_picks_the_cheapest(tmp_path: Path) -> None:
-    """days = tokens / tokens/s / 86400; cost = GPUs x hours x price; MWh = GPUs x W x h / 1e6;
-    ``--rank cost`` puts the cheapest fitting simulated layout first, ``time`` the fastest."""
+    """days = ceil(tokens / tokens per step) x step s / 86400; cost = GPUs x hours x price;
+    MWh = GPUs x W x h / 1e6; ``--rank cost`` puts the cheapest fitting simulated layout
+    first, ``time`` the fastest."""
     out = tmp_path / "out"
     opts = (
         'sweep.options=[{id = "a", price_per_gpu_hour = 2.0, power_w_per_gpu = 700.0}, '
@@ -81,9 +82,9 @@ def test_rows_keep_the_closed_forms_and_rank_cost_picks_the_cheapest(tmp_path: P
     ok = [r for r in rows if r["tier"] == "simulate" and r["status"] == "ok"]
     assert ok and all(r["fits"] for r in ok)
     for r in ok:
-        seconds = 1e9 / r["tokens_per_s"]
+        seconds = 488_282 * r["iteration_s"]  # ceil(1e9 / 2,048) whole steps
         hours = seconds / 3600
-        assert r["time_to_train_s"] == pytest.approx(seconds)
+        assert r["time_to_train_s"] == pytest.approx(seconds, rel=1e-12)
         assert r["cost_usd"] == pytest.approx(r["num_gpus"] * hours * r["price_per_gpu_hour"])
         assert r["energy_mwh"] == pytest.approx(r["num_gpus"] * r["power_w_per_gpu"] * hours / 1e6)
     assert rank(rows, "cost")[0]["cost_usd"] == min(r["cost_usd"] for r in ok)
