@@ -30,7 +30,7 @@ from simulator.comm import (
     zero3_blocking_s,
 )
 from simulator.context_parallel import bw_exposed_s, fw_exposed_s
-from simulator.embedding_grads import embedding_grad_sync_s
+from simulator.finalize_grads import embedding_grad_sync_s, norm_grad_sync_s
 from simulator.parallel import Layout, RunConfig
 from simulator.scenario import SimInputs
 from simulator.shard_params import chunk_expert_params, chunk_params
@@ -155,6 +155,7 @@ def step_costs(inputs: SimInputs, layout: Layout, table: LatencyTable) -> StepCo
         buckets=run.buckets,
         blocking_sends=run.pp_blocking_sends and pp > 1,
         embedding_sync_s=embedding_grad_sync_s(inputs, layout),
+        norm_sync_s=norm_grad_sync_s(inputs, layout),
     )
 
 
