@@ -43,7 +43,7 @@ from simulator.comm import (
     param_gather_buckets,
     zero3_blocking_s,
 )
-from simulator.context_parallel import bw_exposed_s, fw_exposed_s
+from simulator.context_parallel import fw_exposed_s
 from simulator.dist_memory import MemoryBreakdown, stage_memory
 from simulator.finalize_grads import embedding_grad_sync_s, norm_grad_sync_s
 from simulator.memory import grad_itemsize_bytes, param_itemsize_bytes
@@ -53,6 +53,7 @@ from simulator.scenario import SimInputs
 from simulator.simulate import layout_of
 from simulator.stagecost import BlockTimes, block_times, shard_kernels
 from simulator.stepcosts import (
+    cp_bw_exposed_s,
     optimizer_params,
     scatters_every_backward,
     stage_expert_params,
@@ -88,7 +89,7 @@ class ScreenCache:
         """Per-layer communication seconds for this shard shape and group placement."""
         r = layout.run
         # the shard shape, and where the hops and the groups priced lie
-        shape = (r.tp, r.cp, r.ep, r.micro_batch_size, r.sequence_parallel)
+        shape = (r.tp, r.cp, r.ep, r.micro_batch_size, r.sequence_parallel, r.cp_comm_type)
         key = (*shape, layout.pp_hops, layout.cp_group[0], layout.ep_group[0])
         if key not in self.comms:
             self.comms[key] = layer_comm(self.inputs, layout)
@@ -160,12 +161,13 @@ def _stage_parts_s(cache: ScreenCache, layout: Layout) -> list[tuple[float, floa
     bt, lc = cache.block(run), cache.layer(layout)
     full = run.recompute == "full"
     redo = {"none": 0.0, "selective": bt.attention_fw_s, "full": bt.layer_fw_s}[run.recompute]
-    cp_fw = fw_exposed_s(run.cp, lc.cp_kv_s, bt.ring)  # again when the attention is recomputed
+    # again when the attention is recomputed
+    cp_fw = fw_exposed_s(run.cp, lc.cp_kv_s, bt.ring) + lc.cp_fw_s
     fw = bt.layer_fw_s + lc.tp_fw_s + lc.ep_fw_s + cp_fw
     bw = bt.layer_bw_s + redo + tp_bw_exposed_s(bt, lc, run) + lc.ep_bw_s
     bw += (lc.tp_fw_s + lc.ep_fw_s) if full else 0.0
     bw += cp_fw * (1 if run.recompute != "none" else 0)
-    bw += bw_exposed_s(run.cp, lc.cp_kv_s, lc.cp_kv_grad_s, bt.ring)
+    bw += cp_bw_exposed_s(run.cp, lc, bt.ring)
     pp, v = run.pp, layout.chunks
     out = []
     for s in range(pp):
