@@ -24,7 +24,10 @@ sequence-parallel all-gathers, which TE quantizes first: ``A / 2``, `te_gather_b
   ``cp`` steps, the middle ones one buffer of both (``cp_kv_grad_s``). Each send overlaps the
   attention core of its own step, so only each step's excess is exposed
   (`context_parallel.fw_exposed_s`); a recomputed attention core (selective or full recompute)
-  runs its forward ring again (`stepcosts`).
+  runs its forward ring again (`stepcosts`). With ``cp_comm_type`` ``all_gather`` or ``a2a``
+  the CP collectives instead block the attention core (``cp_fw_s``, ``cp_bw_s``; what
+  `context_parallel.blocking_collectives` lists: all-gathers of K and V, reduce-scatters of
+  dK and dV; or all-to-alls of Q, K, V and the output), again when it is recomputed.
 * EP (MoE), per MoE layer: 2 all-to-alls of ``A * experts_per_token`` forward, 2 backward,
   ``/ tp`` with sequence parallelism (each TP rank dispatches its own ``s / tp`` tokens).
   Without sequence parallelism (tp 1) the whole micro-batch is dispatched. An expert capacity
@@ -62,6 +65,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from forecast.kernels import ITEMSIZE_BYTES
+from simulator.context_parallel import blocking_collectives
 from simulator.memory import (
     activation_itemsize_bytes,
     grad_itemsize_bytes,
@@ -109,6 +113,10 @@ class LayerComm:
     # whose collectives move ``A`` (attention and MLP; attention alone in a MoE layer).
     tp_moe_s: float = 0.0
     tp_pairs: int = 2
+    # CP collectives that block the attention core (cp_comm_type all_gather or a2a), forward
+    # and backward of one layer; 0.0 for the p2p ring (``cp_kv_s``, ``cp_kv_grad_s``)
+    cp_fw_s: float = 0.0
+    cp_bw_s: float = 0.0
 
 
 def activation_bytes(inputs: SimInputs, layout: Layout) -> float:
@@ -150,6 +158,8 @@ def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
     pairs = 1 if moe else 2  # linear pairs moving ``A``: attention (and a dense MLP)
     kv = 2 * run.micro_batch_size * inputs.seq_len * m.kv_heads * m.dhead / run.tp
     kv_bytes = kv * activation_itemsize_bytes(inputs.dtype, inputs.framework)  # bf16 under fp8
+    ring = kv_bytes if run.cp_comm_type == "p2p" else 0.0
+    cp_fw, cp_bw = _cp_blocking_s(inputs, layout, kv_bytes)
     ep = _ep_s(inputs, layout, a)
     return LayerComm(
         tp_fw_s=pairs * tp_one + tp_moe,
@@ -158,8 +168,8 @@ def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
         tp_embed_bw_s=ag if sp else 0.0,
         tp_head_fw_s=ag if sp else 0.0,
         tp_head_bw_s=rs if sp else ar,
-        cp_kv_s=_ring_step_s(kv_bytes / run.cp, layout.cp_group, cl),
-        cp_kv_grad_s=_ring_step_s(2 * kv_bytes / run.cp, layout.cp_group, cl),
+        cp_kv_s=_ring_step_s(ring / run.cp, layout.cp_group, cl),
+        cp_kv_grad_s=_ring_step_s(2 * ring / run.cp, layout.cp_group, cl),
         ep_fw_s=ep,
         ep_bw_s=ep,
         pp_hop_s=max(
@@ -171,6 +181,22 @@ def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
         tp_rs_s=rs,
         tp_moe_s=tp_moe,
         tp_pairs=pairs,
+        cp_fw_s=cp_fw,
+        cp_bw_s=cp_bw,
+    )
+
+
+def _cp_blocking_s(inputs: SimInputs, layout: Layout, kv_bytes: float) -> tuple[float, float]:
+    """Forward and backward seconds of one layer's blocking CP collectives over the CP group
+    (`context_parallel.blocking_collectives`; 0.0 for the p2p ring). ``kv_bytes``: the whole
+    sequence's K and V on one TP rank."""
+    run, m, cl = layout.run, inputs.model, inputs.cluster
+    q_bytes = kv_bytes / run.cp * m.num_heads / (2 * m.kv_heads)
+    fw, bw = blocking_collectives(run.cp_comm_type, run.cp, q_bytes, kv_bytes / run.cp)
+    group = layout.cp_group
+    return (
+        sum(collective_s(op, nbytes, group, cl) for op, nbytes in fw),
+        sum(collective_s(op, nbytes, group, cl) for op, nbytes in bw),
     )
 
 

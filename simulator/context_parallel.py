@@ -16,6 +16,18 @@ only, so each step exposes its own excess (`fw_exposed_s`, `bw_exposed_s`). Forw
 Backward runs the steps in reverse (the causal step last) and sends at every step: K,V at the
 first, K,V with the dK,dV accumulated so far (one buffer) at the ``cp - 2`` middle ones, dK,dV
 alone at the last: ``2 (cp - 1)`` K,V volumes in all.
+
+Megatron-LM's ``--cp-comm-type`` (``RunConfig.cp_comm_type``) picks the ring above (``p2p``,
+the default) or one of two schedules whose collectives block the attention core
+(`blocking_collectives`; nccl-tests sizes, one collective per tensor as TransformerEngine
+issues them): ``all_gather`` (``AttnFuncWithCPAndKVAllGather``, Llama 3's: "KV all-gather
+between CP ranks is exposed") all-gathers K and V before the forward, again before the
+backward (it saves only its own shard), and reduce-scatters dK and dV after it; ``a2a``
+(``AttnFuncWithCPAndQKVOA2A``, DeepSpeed-Ulysses) all-to-alls Q, K and V from a sequence
+split to a head split before the core and the output back after it, and in backward the
+output and its gradient, then dQ, dK and dV. Their attention core is priced as the ring's (the
+same causal FLOPs over ``cp``; the kernels' shapes differ: two query halves against K,V
+prefixes, or the whole sequence on ``heads / cp``). ``a2a+p2p`` (hierarchical) is not modelled.
 """
 
 from __future__ import annotations
@@ -24,6 +36,32 @@ from dataclasses import dataclass
 
 from forecast.kernels import ATTENTION_BACKWARD_OPS, CAUSAL_ATTENTION_OPS, KernelSpec
 from simulator.errors import ConfigError
+from topologies.algorithms import Op
+
+# one collective of a CP schedule: (op, nccl-tests size S in bytes)
+CpCollective = tuple[Op, float]
+
+
+def blocking_collectives(
+    comm_type: str, cp: int, q_bytes: float, kv_bytes: float
+) -> tuple[tuple[CpCollective, ...], tuple[CpCollective, ...]]:
+    """The forward and the backward collectives over the CP group of one layer's attention core
+    for one micro-batch under ``all_gather`` or ``a2a`` (module docstring); none for ``p2p``
+    (its sends are `fw_exposed_s`'s) or at ``cp = 1``. ``q_bytes``: a rank's own Q (``b s/cp
+    heads/tp dhead``, as large as the core's output); ``kv_bytes``: its own K and V together."""
+    if cp == 1 or comm_type == "p2p":
+        return (), ()
+    k = kv_bytes / 2  # K or V alone
+    if comm_type == "all_gather":
+        gather: CpCollective = ("all-gather", cp * k)  # S: the whole sequence's K (or V)
+        scatter: CpCollective = ("reduce-scatter", cp * k)
+        return (gather, gather), (gather, gather, scatter, scatter)
+    if comm_type == "a2a":  # S: a rank's own tensor; (cp - 1) / cp of it leaves
+        q: CpCollective = ("all-to-all", q_bytes)
+        kv: CpCollective = ("all-to-all", k)
+        return (q, kv, kv, q), (q, q, q, kv, kv)
+    raise ValueError(comm_type)
+
 
 # kernels with their launch counts (`stagecost.ShardKernels` holds them in this form)
 Counted = tuple[tuple[KernelSpec, int], ...]

@@ -30,8 +30,12 @@ Schema (node id -> attributes; every node has ``kind``, ``stage``, ``stream`` an
   each backward's are reduced before the next accumulates (DeepSpeed, FSDP SHARD_GRAD_OP).
 * ``("O", stage)``: ``kind="optimizer"``, ``stream="compute"``; the optimizer step.
 * ``("A", stage)``: ``comm="dp"``; all-gather of updated parameters (sharded optimizer).
+* ``("N", stage)``: ``comm="tp"``, ``stream="tp"``; sequence parallelism's all-reduce of the
+  stage's norm (and row-parallel bias) gradients over its TP group (`simulator.finalize_grads`):
+  after the stage's last backward and gradient reductions, before its optimizer step (and
+  before the tied embedding's all-reduce, as Megatron's ``finalize_model_grads`` runs them).
 * ``("E",)``: ``comm="pp"``, ``stream="pp"``, ``stage=0``; the tied word embedding's gradient
-  all-reduce between the first and the last stage (`simulator.embedding_grads`): after both
+  all-reduce between the first and the last stage (`simulator.finalize_grads`): after both
   stages' last backward and gradient reductions, before both stages' optimizer steps.
 
 Edges (attribute ``dep``): ``"stream"`` (consecutive tasks of one stream of one stage, in
@@ -78,6 +82,7 @@ class Shape:
     scatters: tuple[bool, ...]
     blocking_sends: bool = False  # a send holds its stage's compute stream
     embedding_sync: bool = False  # the tied embedding's all-reduce, first and last stage
+    norm_sync: tuple[bool, ...] = ()  # per stage: the SP norms' TP all-reduce
 
     @classmethod
     def of(cls, costs: StepCosts) -> Shape:
@@ -95,6 +100,7 @@ class Shape:
             scatters=tuple(any(c.zero3_scatter_s > 0 for c in row) for row in costs.chunks),
             blocking_sends=costs.blocking_sends,
             embedding_sync=costs.embedding_sync_s > 0 and costs.pp > 1,
+            norm_sync=tuple(t > 0 for t in costs.norm_sync_s),
         )
 
 
@@ -146,6 +152,8 @@ def exec_graph(shape: Shape) -> nx.DiGraph:
         comm += _add_grad_sync(g, shape, s, order, last)
         _chain(g, comm)
         ready.append([last, *comm])
+        if s < len(shape.norm_sync) and shape.norm_sync[s]:
+            ready[s] = _add_norm_sync(g, s, ready[s])
     if shape.embedding_sync:
         _add_embedding_sync(g, ready, shape.pp)
     for s, srcs in enumerate(ready):
@@ -269,6 +277,15 @@ def _add_grad_sync(
             g.add_edge(src, node, dep="data")
             nodes.append(node)
     return nodes
+
+
+def _add_norm_sync(g: nx.DiGraph, s: int, ready: list[Node]) -> list[Node]:
+    """Stage ``s``'s norm-gradient all-reduce over TP: it waits for what the optimizer step
+    waited for (``ready``), and the step now waits for it."""
+    node: Node = ("N", s)
+    _add_comm(g, node, s, "tp", ("norm_sync", s))
+    g.add_edges_from(((src, node) for src in ready), dep="data")
+    return [node]
 
 
 def _add_embedding_sync(g: nx.DiGraph, ready: list[list[Node]], pp: int) -> None:

@@ -20,6 +20,7 @@ from simulator.models import ModelSpec
 Schedule = Literal["gpipe", "1f1b", "1f1b-interleaved"]
 Recompute = Literal["none", "selective", "full"]
 Zero3Impl = Literal["fsdp", "deepspeed-2021"]
+CpCommType = Literal["p2p", "all_gather", "a2a"]
 
 
 class RunConfig(BaseModel):
@@ -32,7 +33,17 @@ class RunConfig(BaseModel):
     pp: int = Field(default=1, gt=0, description="pipeline stages")
     dp: int = Field(default=0, ge=0, description="data parallel size; 0: num_gpus / (tp cp pp)")
     cp: int = Field(
-        default=1, gt=0, description="context parallel size (ring attention; flash attention only)"
+        default=1,
+        gt=0,
+        description="context parallel size (TransformerEngine's attention, flash only; "
+        "cp_comm_type picks how it communicates)",
+    )
+    cp_comm_type: CpCommType = Field(
+        default="p2p",
+        description="how context parallelism moves K,V (Megatron-LM --cp-comm-type): p2p "
+        "(TransformerEngine's ring, sends hidden behind attention), all_gather (K,V gathered "
+        "before attention, dK,dV reduce-scattered; exposed), a2a (DeepSpeed-Ulysses all-to-alls "
+        "of Q,K,V and the output, heads split over cp; exposed)",
     )
     ep: int = Field(default=1, gt=0, description="expert parallel size (MoE), inside dp*cp")
     micro_batch_size: int = Field(default=1, gt=0, description="sequences per micro-batch")
@@ -164,6 +175,7 @@ def _check_sizes(run: RunConfig, model: ModelSpec, num_gpus: int) -> int:
         f"{num_gpus}; {fix}",
     )
     _need((dp * run.cp) % run.ep == 0, "run.ep", f"must divide dp*cp = {dp * run.cp}")
+    _check_a2a_heads(run, model)
     _need(model.num_experts % run.ep == 0, "run.ep", "must divide the number of experts")
     # Megatron-LM refuses MoE with tensor parallelism but without sequence parallelism
     # (megatron/training/arguments.py: "When using MoE and tensor parallelism, sequence
@@ -175,6 +187,23 @@ def _check_sizes(run: RunConfig, model: ModelSpec, num_gpus: int) -> int:
         "tensor parallelism only under sequence parallelism); set it, or run.tp = 1",
     )
     return dp
+
+
+def _check_a2a_heads(run: RunConfig, model: ModelSpec) -> None:
+    """Ulysses (``cp_comm_type = "a2a"``) gives each CP rank ``1 / cp`` of a TP rank's heads:
+    TransformerEngine asserts that ``cp`` divides both the query and the key/value heads of a
+    TP rank (``AttnFuncWithCPAndQKVOA2A``: "The number of attention heads needs to be divisible
+    by CP size!")."""
+    if run.cp == 1 or run.cp_comm_type != "a2a":
+        return
+    q, kv = model.num_heads // run.tp, model.kv_heads // run.tp
+    _need(
+        q % run.cp == 0 and kv % run.cp == 0,
+        "run.cp_comm_type",
+        f"a2a splits a TP rank's heads over cp = {run.cp}, but n_heads / tp = {q} and "
+        f"n_kv_heads / tp = {kv} are not both divisible by it; use p2p or all_gather, or a cp "
+        "that divides them",
+    )
 
 
 def _check_schedule(run: RunConfig, layers: int, m: int) -> None:

@@ -124,6 +124,7 @@ def layout_label(r: Row) -> str:
     one context apart shows (a cp 2 row read as tp2 pp4 dp128 on 2,048 GPUs)."""
     sched = r["schedule"] + (f"/v{r['virtual_stages']}" if r["virtual_stages"] > 1 else "")
     cp = f" cp{r['cp']}" if (r.get("cp") or 1) > 1 else ""
+    cp += f" {r['cp_comm_type']}" if cp and r.get("cp_comm_type", "p2p") != "p2p" else ""
     extra = (" sp" if r["sequence_parallel"] else "") + (
         " dist-opt" if r.get("distributed_optimizer") else ""
     )

@@ -37,6 +37,7 @@ RUN_KEYS = (
     "pp",
     "dp",
     "cp",
+    "cp_comm_type",
     "micro_batch_size",
     "schedule",
     "virtual_stages",

@@ -14,6 +14,7 @@ from simulator.errors import ConfigError
 from simulator.rows import COLUMNS, INT_COLUMNS, LAYOUT_COLUMNS, STATUSES, TIERS, Row
 
 _TEXT = {"key", "option", "context", "gpu", "server", "network", "schedule", "recompute"}
+_TEXT |= {"cp_comm_type"}
 _FLAGS = {"sequence_parallel", "distributed_optimizer", "fits"}
 _COUNTS = {"num_gpus", "tp", "pp", "dp", "cp", "micro_batch_size", "virtual_stages"}
 _INTS = set(INT_COLUMNS)

@@ -16,8 +16,9 @@ forward or backward, the cycles they close pace the steady state instead
 paced by its own slowest stage (`pipeline_forms.forward_backward_s`). The DP gradient reduction
 (expert gradients over their expert-data-parallel group, as `comm` prices them) of each stage
 hides, all but its last bucket, behind the last backward when it overlaps;
-the sharded optimizer's parameter all-gather and the optimizer step are added, and a tied
-embedding's gradient all-reduce between the first and the last stage (`embedding_grads`). ZeRO-3's
+the sharded optimizer's parameter all-gather, sequence parallelism's norm-gradient all-reduce
+over TP and the optimizer step are added per stage, the slowest stage's tail counting, and a tied
+embedding's gradient all-reduce between the first and the last stage (`finalize_grads`). ZeRO-3's
 gathers and scatters share one stream that hides under compute but for its first gather and
 last scatter, or sets the pace (`_with_zero3_s`), and so do ZeRO-2's scatters after every
 backward when it accumulates over micro-batches; ``deepspeed-2021`` ZeRO-3 blocks each
@@ -42,9 +43,9 @@ from simulator.comm import (
     param_gather_buckets,
     zero3_blocking_s,
 )
-from simulator.context_parallel import bw_exposed_s, fw_exposed_s
+from simulator.context_parallel import fw_exposed_s
 from simulator.dist_memory import MemoryBreakdown, stage_memory
-from simulator.embedding_grads import embedding_grad_sync_s
+from simulator.finalize_grads import embedding_grad_sync_s, norm_grad_sync_s
 from simulator.memory import grad_itemsize_bytes, param_itemsize_bytes
 from simulator.parallel import Layout, RunConfig
 from simulator.pipeline_forms import forward_backward_s, in_flight_closed, pipeline_sends_s
@@ -52,6 +53,7 @@ from simulator.scenario import SimInputs
 from simulator.simulate import layout_of
 from simulator.stagecost import BlockTimes, block_times, shard_kernels
 from simulator.stepcosts import (
+    cp_bw_exposed_s,
     optimizer_params,
     scatters_every_backward,
     stage_expert_params,
@@ -71,6 +73,7 @@ class ScreenCache:
     colls: dict[tuple[Any, ...], float] = field(default_factory=dict)
     params: dict[tuple[Any, ...], list[tuple[float, float]]] = field(default_factory=dict)
     zero3: dict[tuple[Any, ...], dict[Any, float]] = field(default_factory=dict)
+    norms: dict[tuple[Any, ...], tuple[float, ...]] = field(default_factory=dict)
 
     def block(self, run: RunConfig) -> BlockTimes:
         """Kernel seconds per block for this shard shape (and whether the weight-gradient
@@ -86,7 +89,7 @@ class ScreenCache:
         """Per-layer communication seconds for this shard shape and group placement."""
         r = layout.run
         # the shard shape, and where the hops and the groups priced lie
-        shape = (r.tp, r.cp, r.ep, r.micro_batch_size, r.sequence_parallel)
+        shape = (r.tp, r.cp, r.ep, r.micro_batch_size, r.sequence_parallel, r.cp_comm_type)
         key = (*shape, layout.pp_hops, layout.cp_group[0], layout.ep_group[0])
         if key not in self.comms:
             self.comms[key] = layer_comm(self.inputs, layout)
@@ -103,8 +106,17 @@ class ScreenCache:
             self.params[key] = list(zip(total, expert, strict=True))
         return self.params[key]
 
+    def norm_sync(self, layout: Layout) -> tuple[float, ...]:
+        """Per stage, sequence parallelism's norm-gradient all-reduce over TP
+        (`finalize_grads.norm_grad_sync_s`), per TP width and split of the layers."""
+        r = layout.run
+        key = ("norm", r.tp, r.sequence_parallel, r.pp, layout.layers_per_stage)
+        if key not in self.norms:
+            self.norms[key] = norm_grad_sync_s(self.inputs, layout)
+        return self.norms[key]
+
     def embedding_sync(self, layout: Layout) -> float:
-        """The tied embedding's gradient all-reduce (`embedding_grads`), per TP width and
+        """The tied embedding's gradient all-reduce (`finalize_grads`), per TP width and
         where the first and the last stage lie."""
         r = layout.run
         key = ("embedding", r.tp, r.cp, r.pp, layout.dp)
@@ -149,12 +161,13 @@ def _stage_parts_s(cache: ScreenCache, layout: Layout) -> list[tuple[float, floa
     bt, lc = cache.block(run), cache.layer(layout)
     full = run.recompute == "full"
     redo = {"none": 0.0, "selective": bt.attention_fw_s, "full": bt.layer_fw_s}[run.recompute]
-    cp_fw = fw_exposed_s(run.cp, lc.cp_kv_s, bt.ring)  # again when the attention is recomputed
+    # again when the attention is recomputed
+    cp_fw = fw_exposed_s(run.cp, lc.cp_kv_s, bt.ring) + lc.cp_fw_s
     fw = bt.layer_fw_s + lc.tp_fw_s + lc.ep_fw_s + cp_fw
     bw = bt.layer_bw_s + redo + tp_bw_exposed_s(bt, lc, run) + lc.ep_bw_s
     bw += (lc.tp_fw_s + lc.ep_fw_s) if full else 0.0
     bw += cp_fw * (1 if run.recompute != "none" else 0)
-    bw += bw_exposed_s(run.cp, lc.cp_kv_s, lc.cp_kv_grad_s, bt.ring)
+    bw += cp_bw_exposed_s(run.cp, lc, bt.ring)
     pp, v = run.pp, layout.chunks
     out = []
     for s in range(pp):
@@ -282,8 +295,10 @@ def screen(cache: ScreenCache, run: RunConfig) -> Screened:
     fb += pipeline_sends_s(run.schedule, parts, m, v, lc.pp_hop_s)
     adam = cache.block(run).adam_s_per_param
     last_bw = min(b for _, b in parts) / v
+    # per stage: its DP reduction, its norms' TP all-reduce (sequence parallelism), its update
     tail = max(
-        _dp_s(cache, layout, p, last_bw) + optimizer_params(*p, layout) * adam for p in set(params)
+        _dp_s(cache, layout, p, last_bw) + norm + optimizer_params(*p, layout) * adam
+        for p, norm in set(zip(params, cache.norm_sync(layout), strict=True))
     )
     # the tied embedding's all-reduce between the first and last stage, before their updates
     iteration = fb + tail + cache.embedding_sync(layout)

@@ -60,11 +60,12 @@ def graph_nodes(layout: Layout) -> int:
     stage and model chunk a forward and a backward task per micro-batch (ZeRO-3: and a
     gather per task, a reduce-scatter per backward; ZeRO-2 accumulating: the reduce-scatter),
     the last backward cut into ``buckets`` pieces and one reduction per bucket; per stage the
-    optimizer step and its all-gather; a tied embedding's all-reduce."""
+    optimizer step, its all-gather and its norms' TP all-reduce (sequence parallelism); a tied
+    embedding's all-reduce."""
     run, m = layout.run, layout.num_micro_batches
     per_backward = m if scatters_every_backward(layout) else 0  # ZeRO-2's reduce-scatters
     tasks = 2 * m + (3 * m if run.zero_stage >= 3 else per_backward)
-    return run.pp * layout.chunks * (tasks + 2 * run.buckets) + 2 * run.pp + 1
+    return run.pp * layout.chunks * (tasks + 2 * run.buckets) + 3 * run.pp + 1
 
 
 def check_graph_size(layout: Layout) -> None:

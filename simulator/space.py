@@ -38,6 +38,7 @@ class Point:
     pp: int
     dp: int
     cp: int
+    cp_comm_type: str
     micro_batch_size: int
     schedule: str
     virtual_stages: int
@@ -57,6 +58,7 @@ class Point:
                 self.pp,
                 self.dp,
                 self.cp,
+                self.cp_comm_type,
                 self.micro_batch_size,
                 self.schedule,
                 self.virtual_stages,
@@ -74,8 +76,9 @@ class Point:
     def key(self, context_id: str) -> str:
         """A stable, readable id of the layout, unique within a sweep."""
         sp, do = int(self.sequence_parallel), int(self.distributed_optimizer)
+        cp = f"{self.cp}" + ("" if self.cp_comm_type == "p2p" else f"-{self.cp_comm_type}")
         return (
-            f"{context_id}/tp{self.tp}-pp{self.pp}-dp{self.dp}-cp{self.cp}-"
+            f"{context_id}/tp{self.tp}-pp{self.pp}-dp{self.dp}-cp{cp}-"
             f"mbs{self.micro_batch_size}-{self.schedule}-v{self.virtual_stages}-sp{sp}-"
             f"{self.recompute}-z{self.zero_stage}-do{do}"
         )
@@ -127,19 +130,21 @@ def find_scenario(name: str | Path) -> Path:
 
 
 def _canonical(p: dict[str, Any], num_gpus: int) -> dict[str, Any]:
-    """The layout ``p`` runs as: sequence parallelism off at tp 1, plain 1F1B at pp 1 and for
-    interleaving with one virtual stage, no ZeRO or distributed optimizer over one
-    data-parallel rank, and dp 0 as the GPUs left over when tp*pp*cp divides them (``dp =
-    [0, 2]`` listed one layout twice under one key). Layouts of one canonical form are one
-    layout (the first is kept, under its canonical values, so a sweep listing only
-    ``sequence_parallel = [true]`` still has its tp 1 layouts, as plain ones: they were pruned
-    as duplicates of layouts not in the grid)."""
+    """The layout ``p`` runs as: sequence parallelism off at tp 1, CP's p2p ring at cp 1 (no
+    CP type moves anything there), plain 1F1B at pp 1 and for interleaving with one virtual
+    stage, no ZeRO or distributed optimizer over one data-parallel rank, and dp 0 as the GPUs
+    left over when tp*pp*cp divides them (``dp = [0, 2]`` listed one layout twice under one
+    key). Layouts of one canonical form are one layout (the first is kept, under its canonical
+    values, so a sweep listing only ``sequence_parallel = [true]`` still has its tp 1 layouts,
+    as plain ones: they were pruned as duplicates of layouts not in the grid)."""
     q = dict(p)
     per_replica = q["tp"] * q["pp"] * q["cp"]
     if not q["dp"] and num_gpus % per_replica == 0:
         q["dp"] = num_gpus // per_replica
     if q["tp"] == 1:
         q["sequence_parallel"] = False
+    if q["cp"] == 1:
+        q["cp_comm_type"] = "p2p"
     if q["pp"] == 1:
         q["schedule"], q["virtual_stages"] = "1f1b", 1
     if q["schedule"] == "1f1b-interleaved" and q["virtual_stages"] == 1:
@@ -166,9 +171,9 @@ def enumerate_space(scenario: Scenario) -> Space:
     points: list[Point] = []
     why: Counter[str] = Counter()
     example: dict[str, str] = {
-        "duplicate": "the same layout as another once sequence parallelism at tp 1, a "
-        "pipeline schedule at pp 1 or ZeRO over one data-parallel rank is dropped, dp 0 "
-        "read as the GPUs left over",
+        "duplicate": "the same layout as another once sequence parallelism at tp 1, a CP "
+        "communication type at cp 1, a pipeline schedule at pp 1 or ZeRO over one "
+        "data-parallel rank is dropped, dp 0 read as the GPUs left over",
         "sizes": "tp*pp*cp does not divide the GPUs, a listed dp does not take all of them, "
         "or the global batch is not a multiple of dp x micro-batch",
     }

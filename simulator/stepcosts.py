@@ -29,8 +29,8 @@ from simulator.comm import (
     param_gather_exposed_s,
     zero3_blocking_s,
 )
-from simulator.context_parallel import bw_exposed_s, fw_exposed_s
-from simulator.embedding_grads import embedding_grad_sync_s
+from simulator.context_parallel import RingTimes, bw_exposed_s, fw_exposed_s
+from simulator.finalize_grads import embedding_grad_sync_s, norm_grad_sync_s
 from simulator.parallel import Layout, RunConfig
 from simulator.scenario import SimInputs
 from simulator.shard_params import chunk_expert_params, chunk_params
@@ -52,6 +52,12 @@ def tp_bw_exposed_s(bt: BlockTimes, lc: LayerComm, run: RunConfig) -> float:
     return sum(max(0.0, lc.tp_ar_s - w) for _, w in pairs) + lc.tp_moe_s
 
 
+def cp_bw_exposed_s(cp: int, lc: LayerComm, ring: RingTimes) -> float:
+    """Exposed backward CP communication of one layer: the ring's sends past their steps'
+    attention (`context_parallel.bw_exposed_s`), or the collectives that block it."""
+    return bw_exposed_s(cp, lc.cp_kv_s, lc.cp_kv_grad_s, ring) + lc.cp_bw_s
+
+
 def _chunk_cost(
     bt: BlockTimes, lc: LayerComm, layout: Layout, layers: int, ends: tuple[bool, bool]
 ) -> ChunkCost:
@@ -64,7 +70,8 @@ def _chunk_cost(
     )
     bw = layers * (bt.layer_bw_s + recompute)
     bw += (bt.embed_bw_s if first else 0.0) + (bt.head_bw_s if last else 0.0)
-    cp_fw_exposed = fw_exposed_s(run.cp, lc.cp_kv_s, bt.ring)
+    # the ring's sends past their steps' attention, or the collectives that block it
+    cp_fw_exposed = fw_exposed_s(run.cp, lc.cp_kv_s, bt.ring) + lc.cp_fw_s
     # a recomputed attention core (selective or full) runs its forward ring again
     cp_redo = cp_fw_exposed if run.recompute != "none" else 0.0
     return ChunkCost(
@@ -76,7 +83,7 @@ def _chunk_cost(
         fw_ep_s=layers * lc.ep_fw_s,
         bw_ep_s=layers * (lc.ep_bw_s + (lc.ep_fw_s if full else 0.0)),
         fw_cp_s=layers * cp_fw_exposed,
-        bw_cp_s=layers * (bw_exposed_s(run.cp, lc.cp_kv_s, lc.cp_kv_grad_s, bt.ring) + cp_redo),
+        bw_cp_s=layers * (cp_bw_exposed_s(run.cp, lc, bt.ring) + cp_redo),
     )
 
 
@@ -155,6 +162,7 @@ def step_costs(inputs: SimInputs, layout: Layout, table: LatencyTable) -> StepCo
         buckets=run.buckets,
         blocking_sends=run.pp_blocking_sends and pp > 1,
         embedding_sync_s=embedding_grad_sync_s(inputs, layout),
+        norm_sync_s=norm_grad_sync_s(inputs, layout),
     )
 
 

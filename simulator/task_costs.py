@@ -9,8 +9,10 @@ names on its nodes and timed edges. `StepCosts.seconds` prices a key:
   parameter all-gather or gradient reduce-scatter;
 * ``("optimizer", stage)`` / ``("param_gather", stage)``: the optimizer step and the
   all-gather of updated parameters after it;
+* ``("norm_sync", stage)``: sequence parallelism's norm-gradient all-reduce over the TP
+  group (`simulator.finalize_grads`);
 * ``("embedding_sync",)``: the tied word embedding's gradient all-reduce between the first
-  and the last stage (`simulator.embedding_grads`);
+  and the last stage (`simulator.finalize_grads`);
 * `PP_HOP`: one pipeline send-recv.
 """
 
@@ -63,6 +65,7 @@ class StepCosts:
     buckets: int = 1
     blocking_sends: bool = False
     embedding_sync_s: float = 0.0  # tied embedding's all-reduce, first and last stage
+    norm_sync_s: tuple[float, ...] = ()  # per stage: the SP norms' TP all-reduce (or none)
 
     @property
     def pp(self) -> int:
@@ -91,6 +94,8 @@ class StepCosts:
             return self.optimizer_s[key[1]]
         if kind == "param_gather":
             return self.param_gather_s[key[1]]
+        if kind == "norm_sync":
+            return self.norm_sync_s[key[1]]
         if key == EMBEDDING_SYNC:
             return self.embedding_sync_s
         if key == PP_HOP:

@@ -1,7 +1,7 @@
 """Timeline -> Chrome trace JSON (chrome://tracing, ui.perfetto.dev).
 
 One process per pipeline stage (one representative GPU), one thread per stream that has
-work (compute, pp, dp); complete events (``ph = "X"``) with ``ts`` and ``dur`` in
+work (compute, pp, dp, tp); complete events (``ph = "X"``) with ``ts`` and ``dur`` in
 microseconds, as the format defines them. Event names say what a task is (``forward mb3``,
 ``dp gradient sync bucket 0``, `event_name`); ``args`` holds the task's id in the execution
 graph (``task``, as `task_label` writes it), its micro-batch and chunk, and the blocking
@@ -18,7 +18,7 @@ from typing import Any
 from simulator.execgraph import Node, task_label
 from simulator.scheduler import Timeline
 
-STREAM_TIDS = {"compute": 0, "pp": 1, "dp": 2}
+STREAM_TIDS = {"compute": 0, "pp": 1, "dp": 2, "tp": 3}
 _PHASE = {"F": "forward", "B": "backward"}
 
 
@@ -42,6 +42,8 @@ def event_name(node: Node, *, chunks: int = 1, cut: bool = False) -> str:
         return "dp parameter all-gather"
     if kind == "O":
         return "optimizer"
+    if kind == "N":
+        return "norm gradient all-reduce over tp (sequence parallelism)"
     if kind == "E":
         return "tied embedding gradient all-reduce (first and last stage)"
     return task_label(node)

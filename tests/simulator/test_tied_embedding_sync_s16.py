@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from simulator.comm import collective_s
-from simulator.embedding_grads import embedding_grad_bytes, embedding_pair
 from simulator.execgraph import build_exec_graph
+from simulator.finalize_grads import embedding_grad_bytes, embedding_pair
 from simulator.parallel import RunConfig
 from simulator.scenario import SimInputs, load_scenario, resolve
 from simulator.scheduler import critical_path, schedule
