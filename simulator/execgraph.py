@@ -80,9 +80,9 @@ class Shape:
     param_gather: tuple[bool, ...]  # per stage: parameter all-gather after the optimizer
     # per stage: a gradient reduce-scatter after every backward (ZeRO-3; ZeRO-2 accumulating)
     scatters: tuple[bool, ...]
-    blocking_sends: bool = False  # a send holds its stage's compute stream
-    embedding_sync: bool = False  # the tied embedding's all-reduce, first and last stage
-    norm_sync: tuple[bool, ...] = ()  # per stage: the SP norms' TP all-reduce
+    blocking_sends: bool  # a send holds its stage's compute stream
+    embedding_sync: bool  # the tied embedding's all-reduce, first and last stage
+    norm_sync: tuple[bool, ...]  # per stage: the SP norms' TP all-reduce
 
     @classmethod
     def of(cls, costs: StepCosts) -> Shape:
@@ -100,7 +100,8 @@ class Shape:
             scatters=tuple(any(c.zero3_scatter_s > 0 for c in row) for row in costs.chunks),
             blocking_sends=costs.blocking_sends,
             embedding_sync=costs.embedding_sync_s > 0 and costs.pp > 1,
-            norm_sync=tuple(t > 0 for t in costs.norm_sync_s),
+            # StepCosts built without it (tests) leave it empty: no stage has one
+            norm_sync=tuple(t > 0 for t in costs.norm_sync_s) or (False,) * costs.pp,
         )
 
 
@@ -152,7 +153,7 @@ def exec_graph(shape: Shape) -> nx.DiGraph:
         comm += _add_grad_sync(g, shape, s, order, last)
         _chain(g, comm)
         ready.append([last, *comm])
-        if s < len(shape.norm_sync) and shape.norm_sync[s]:
+        if shape.norm_sync[s]:
             ready[s] = _add_norm_sync(g, s, ready[s])
     if shape.embedding_sync:
         _add_embedding_sync(g, ready, shape.pp)

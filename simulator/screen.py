@@ -43,7 +43,6 @@ from simulator.comm import (
     param_gather_buckets,
     zero3_blocking_s,
 )
-from simulator.context_parallel import fw_exposed_s
 from simulator.dist_memory import MemoryBreakdown, stage_memory
 from simulator.finalize_grads import embedding_grad_sync_s, norm_grad_sync_s
 from simulator.memory import grad_itemsize_bytes, param_itemsize_bytes
@@ -54,6 +53,7 @@ from simulator.simulate import layout_of
 from simulator.stagecost import BlockTimes, block_times, shard_kernels
 from simulator.stepcosts import (
     cp_bw_exposed_s,
+    cp_fw_exposed_s,
     optimizer_params,
     scatters_every_backward,
     stage_expert_params,
@@ -161,8 +161,7 @@ def _stage_parts_s(cache: ScreenCache, layout: Layout) -> list[tuple[float, floa
     bt, lc = cache.block(run), cache.layer(layout)
     full = run.recompute == "full"
     redo = {"none": 0.0, "selective": bt.attention_fw_s, "full": bt.layer_fw_s}[run.recompute]
-    # again when the attention is recomputed
-    cp_fw = fw_exposed_s(run.cp, lc.cp_kv_s, bt.ring) + lc.cp_fw_s
+    cp_fw = cp_fw_exposed_s(run.cp, lc, bt.ring)  # again when the attention is recomputed
     fw = bt.layer_fw_s + lc.tp_fw_s + lc.ep_fw_s + cp_fw
     bw = bt.layer_bw_s + redo + tp_bw_exposed_s(bt, lc, run) + lc.ep_bw_s
     bw += (lc.tp_fw_s + lc.ep_fw_s) if full else 0.0

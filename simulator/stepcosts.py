@@ -52,6 +52,12 @@ def tp_bw_exposed_s(bt: BlockTimes, lc: LayerComm, run: RunConfig) -> float:
     return sum(max(0.0, lc.tp_ar_s - w) for _, w in pairs) + lc.tp_moe_s
 
 
+def cp_fw_exposed_s(cp: int, lc: LayerComm, ring: RingTimes) -> float:
+    """Exposed forward CP communication of one layer: the ring's sends past their steps'
+    attention (`context_parallel.fw_exposed_s`), or the collectives that block it."""
+    return fw_exposed_s(cp, lc.cp_kv_s, ring) + lc.cp_fw_s
+
+
 def cp_bw_exposed_s(cp: int, lc: LayerComm, ring: RingTimes) -> float:
     """Exposed backward CP communication of one layer: the ring's sends past their steps'
     attention (`context_parallel.bw_exposed_s`), or the collectives that block it."""
@@ -70,8 +76,7 @@ def _chunk_cost(
     )
     bw = layers * (bt.layer_bw_s + recompute)
     bw += (bt.embed_bw_s if first else 0.0) + (bt.head_bw_s if last else 0.0)
-    # the ring's sends past their steps' attention, or the collectives that block it
-    cp_fw_exposed = fw_exposed_s(run.cp, lc.cp_kv_s, bt.ring) + lc.cp_fw_s
+    cp_fw_exposed = cp_fw_exposed_s(run.cp, lc, bt.ring)
     # a recomputed attention core (selective or full) runs its forward ring again
     cp_redo = cp_fw_exposed if run.recompute != "none" else 0.0
     return ChunkCost(
