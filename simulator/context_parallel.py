@@ -1,4 +1,4 @@
-"""Context parallelism: the attention core's CP ring steps after the first.
+"""Context parallelism: the attention core's kernels and collectives under each CP schedule.
 
 The attention core runs ``cp`` ring steps of ``(S/cp) x (S/cp)`` blocks; causal,
 TransformerEngine's load-balanced ring (``AttnFuncWithCPAndKVP2P``: rank ``r`` holds chunks
@@ -25,16 +25,38 @@ between CP ranks is exposed") all-gathers K and V before the forward, again befo
 backward (it saves only its own shard), and reduce-scatters dK and dV after it; ``a2a``
 (``AttnFuncWithCPAndQKVOA2A``, DeepSpeed-Ulysses) all-to-alls Q, K and V from a sequence
 split to a head split before the core and the output back after it, and in backward the
-output and its gradient, then dQ, dK and dV. Their attention core is priced as the ring's (the
-same causal FLOPs over ``cp``; the kernels' shapes differ: two query halves against K,V
-prefixes, or the whole sequence on ``heads / cp``). ``a2a+p2p`` (hierarchical) is not modelled.
+output and its gradient, then dQ, dK and dV. ``a2a+p2p`` (hierarchical) is not modelled.
+
+Each prices its attention core with its own kernels (`schedule_core`; the same kernel forecasts,
+forward and backward), ``S (S + 1) / (2 cp)`` causal pairs a rank a head in all three, exactly.
+What follows is read from TransformerEngine's
+transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py (NVIDIA/
+TransformerEngine, commit 015d225):
+
+* ``all_gather`` (``AttnFuncWithCPAndKVAllGather``): rank ``r`` keeps its query halves,
+  chunks ``r`` and ``2cp - 1 - r`` (``local_seq_chunk_ids``), and after the gather runs one
+  kernel per half, ``S/(2cp)`` queries against the K,V prefix that half may attend to:
+  ``get_kv_seq_info_after_all_gather`` gives chunk ``c`` keys ``[0, (c + 1) S/(2cp))`` under the
+  default causal window ``(-1, 0)``, the mask bottom-right aligned (``_bottom_right`` for the
+  fused backend), all ``S`` keys without a causal mask; the backward runs the same two shapes.
+  The two kernels run on two streams ("to resolve wave quantization issue of Flash Attn"); they
+  are priced one after the other, and the slowest rank sets the layer (rank ``cp - 1`` holds the
+  middle chunks, rank 0 the shortest and the longest prefix). The gathered K,V and the
+  backward's whole-sequence dK,dV are memory of their own (`gathered_kv_units`).
+* ``a2a`` (``AttnFuncWithCPAndQKVOA2A``): after ``flash_attn_a2a_communicate`` of Q, K, V a
+  rank holds the whole sequence (its chunks reordered to natural order,
+  ``reorder_seq_chunks_for_a2a_before_attn``) on ``heads / cp`` of a TP rank's heads and runs one
+  attention over it (one ``flash_attn_fwd`` / ``fused_attn_fwd`` with ``causal``, one backward):
+  ``(b heads / (tp cp), S, S, d)``, causal where the model's is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
-from forecast.kernels import ATTENTION_BACKWARD_OPS, CAUSAL_ATTENTION_OPS, KernelSpec
+from forecast.kernels import ATTENTION_BACKWARD_OPS, CAUSAL_ATTENTION_OPS, KernelSpec, OpFamily
 from simulator.errors import ConfigError
 from topologies.algorithms import Op
 
@@ -65,6 +87,8 @@ def blocking_collectives(
 
 # kernels with their launch counts (`stagecost.ShardKernels` holds them in this form)
 Counted = tuple[tuple[KernelSpec, int], ...]
+# an attention kernel's (BH, S_q, S_kv), its head dim aside
+Dims = tuple[int, int, int]
 
 
 def check_attention(cp: int, attention: str) -> None:
@@ -101,6 +125,71 @@ def ring_steps(step0: Counted, cp: int) -> tuple[Counted, ...]:
         return tuple(out)
 
     return (half(queries=False), half(queries=True))
+
+
+def schedule_core(comm_type: str, step0: Counted, cp: int) -> tuple[Counted, ...]:
+    """The attention core of one layer as ``all_gather`` or ``a2a`` runs it (module docstring),
+    in place of ring step 0 and the ring, as alternatives of which the slowest rank's sets the
+    layer (one per rank for ``all_gather``); empty for ``p2p``, at ``cp = 1`` and for a core
+    without an attention kernel (GEMM-shaped stand-ins), which `ring_steps` prices."""
+    attention = any(k.family is OpFamily.ATTENTION for k, _ in step0)
+    if cp == 1 or comm_type == "p2p" or not attention:
+        return ()
+    if comm_type == "a2a":
+        return (_reshaped(step0, partial(_ulysses_dims, cp=cp)),)
+    if comm_type != "all_gather":
+        raise ValueError(comm_type)
+    ranks = (_reshaped(step0, partial(_gathered_dims, cp=cp, rank=r)) for r in range(cp))
+    return tuple(dict.fromkeys(ranks))  # non-causal: every rank runs the same two kernels
+
+
+def _ulysses_dims(k: KernelSpec, *, cp: int) -> tuple[Dims, ...]:
+    """``a2a``'s one kernel for step-0 kernel ``k``: ``heads / cp`` over the whole sequence."""
+    bh, s_q, s_kv, _ = k.dims
+    return ((bh // cp, s_q * cp, s_kv * cp),)
+
+
+def _gathered_dims(k: KernelSpec, *, cp: int, rank: int) -> tuple[Dims, ...]:
+    """``all_gather``'s two kernels on ``rank`` for step-0 kernel ``k``: each query half (chunks
+    ``rank`` and ``2cp - 1 - rank`` of ``2cp``) against its causal K,V prefix, or all keys."""
+    bh, s_q, s_kv, _ = k.dims
+    half = max(1, s_q // 2)
+    if k.op not in CAUSAL_ATTENTION_OPS:
+        return tuple((bh, half, s_kv * cp) for _ in range(2))
+    return tuple((bh, half, (c + 1) * max(1, s_kv // 2)) for c in (rank, 2 * cp - 1 - rank))
+
+
+def _reshaped(step0: Counted, dims: Callable[[KernelSpec], tuple[Dims, ...]]) -> Counted:
+    """``step0`` with each attention kernel replaced by kernels of the same op of shapes ``dims``
+    (``(BH, S_q, S_kv)``; the head dim kept)."""
+    out: list[tuple[KernelSpec, int]] = []
+    for k, n in step0:
+        if k.family is not OpFamily.ATTENTION:
+            out.append((k, n))
+            continue
+        out += [(KernelSpec(k.family, (*d, k.dims[3]), k.dtype, k.op), n) for d in dims(k)]
+    return tuple(out)
+
+
+def without(kernels: Counted, part: Counted) -> Counted:
+    """``kernels`` less one of each of ``part``'s (a layer less its ring step 0)."""
+    rest = list(kernels)
+    for kn in part:
+        rest.remove(kn)
+    return tuple(rest)
+
+
+def gathered_kv_units(comm_type: str, cp: int) -> float:
+    """Peak whole-sequence K,V-sized temporaries of one layer's attention core under
+    ``all_gather``, in units of the whole sequence's K and V on one TP rank; 0 otherwise. The
+    backward's peak (TransformerEngine's ``AttnFuncWithCPAndKVAllGather.backward``): the
+    re-gathered K and V (1), the whole-sequence dK, dV it accumulates (``torch.zeros`` of ``cp``
+    shards: 1), each query half's dK, dV over its K,V prefix (``(2cp + 1) / (2cp)``: the two
+    prefixes span ``S + S/(2cp)`` keys, both kept to the end), and the reorder copy of dK, then
+    of dV, before the reduce-scatter (1/2). The forward holds the gathered K and V alone (1)."""
+    if cp == 1 or comm_type != "all_gather":
+        return 0.0
+    return 1.0 + 1.0 + (2 * cp + 1) / (2 * cp) + 0.5
 
 
 @dataclass(frozen=True, slots=True)

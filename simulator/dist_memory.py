@@ -32,8 +32,11 @@ the GEMMs save of their inputs: ``8 + 21/t`` for a GPT layer with flash attentio
 (`memory.saved_bytes`). The number of
 micro-batches in flight comes from the stage's schedule (`schedules.in_flight`). The last
 stage also holds the loss's fp32 softmax (``4*s*b*v/t``) of each micro-batch in flight through
-its last chunk: one under 1F1B, all ``m`` under GPipe. A reserve covers the CUDA context and
-workspaces (``training.memory_reserved_gib``, 1 GiB unless raised for allocator fragmentation).
+its last chunk: one under 1F1B, all ``m`` under GPipe. Under ``cp_comm_type = "all_gather"``
+one layer's attention core holds whole-sequence K,V-sized temporaries while it runs, the gathered
+K and V and, in backward, the whole-sequence dK and dV (`context_parallel.gathered_kv_units`).
+A reserve covers the CUDA context and workspaces (``training.memory_reserved_gib``, 1 GiB
+unless raised for allocator fragmentation).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from pydantic import BaseModel, ConfigDict
 
 from forecast.kernels import ITEMSIZE_BYTES
 from simulator.comm import routed_share
+from simulator.context_parallel import gathered_kv_units
 from simulator.memory import (
     FP8_WEIGHT_CACHE_BYTES_PER_ELEMENT,
     activation_itemsize_bytes,
@@ -198,9 +202,10 @@ def _weight_bytes(
 def _other_bytes(inputs: SimInputs, layout: Layout, stage: int) -> float:
     """Bytes on one GPU of ``stage`` besides the model state and the activations in flight:
     the reserve (``training.memory_reserved_gib``), one layer's full set while it is
-    recomputed (full recompute), and on the last stage the loss's fp32 softmax."""
+    recomputed (full recompute), the K,V all-gather's temporaries (`cp_gather_bytes`), and on
+    the last stage the loss's fp32 softmax."""
     run = layout.run
-    other = float(inputs.reserved_bytes)
+    other = float(inputs.reserved_bytes) + cp_gather_bytes(inputs, layout)
     if run.recompute == "full":
         other += layer_activation_bytes(inputs, layout, working=True)
     if stage == run.pp - 1:
@@ -210,3 +215,16 @@ def _other_bytes(inputs: SimInputs, layout: Layout, stage: int) -> float:
         heads = layout.num_micro_batches if run.schedule == "gpipe" else 1
         other += heads * 4.0 * tokens * inputs.model.vocab_size / run.tp
     return other
+
+
+def cp_gather_bytes(inputs: SimInputs, layout: Layout) -> float:
+    """Peak bytes of one layer's whole-sequence K,V temporaries under ``cp_comm_type =
+    "all_gather"`` (`context_parallel.gathered_kv_units` of the whole sequence's K and V on one
+    TP rank, ``2 b S kv_heads dhead / tp`` elements, bf16 under fp8 as `comm` moves them);
+    0.0 for the other types and at cp 1. One layer's core runs at a time: counted once."""
+    run, m = layout.run, inputs.model
+    units = gathered_kv_units(run.cp_comm_type, run.cp)
+    if units == 0.0:
+        return 0.0
+    kv = 2 * run.micro_batch_size * inputs.seq_len * m.kv_heads * m.dhead / run.tp
+    return units * kv * activation_itemsize_bytes(inputs.dtype, inputs.framework)

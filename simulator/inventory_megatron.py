@@ -8,9 +8,10 @@ Fused kernels and how they are modelled with the forecaster's families:
   forward and one backward (``attention`` family), causal (``attention_causal``,
   ``attention_causal_bwd``: the blocks above the diagonal skipped, about half the work) in
   every decoder stack (GPT-2, OPT, Llama, Mixtral) and non-causal in BERT's encoder; with
-  context parallelism the shard's sequence is ``S/cp``; this causal kernel is the ring's
+  context parallelism the shard's sequence is ``S/cp``; this causal kernel is the p2p ring's
   step 0 and `context_parallel.ring_steps` adds TransformerEngine's ``cp - 1`` unmasked half steps
-  (the causal pairs of the whole ``S x S`` matrix over ``cp``, exactly). fp8 training runs
+  (the causal pairs of the whole ``S x S`` matrix over ``cp``, exactly; ``all_gather`` and
+  ``a2a`` reshape it into their own kernels: `context_parallel.schedule_core`). fp8 training runs
   them in bf16, as TransformerEngine does by default (fp8 for the GEMMs only). Other dtypes
   (FlashAttention-2 has no fp32 kernels the forecaster models) keep the GEMM-shaped stand-in:
   forward the two attention GEMMs (QK^T, AV) as ``bmm`` kernels, backward five (recomputed

@@ -76,10 +76,11 @@ class ScreenCache:
     norms: dict[tuple[Any, ...], tuple[float, ...]] = field(default_factory=dict)
 
     def block(self, run: RunConfig) -> BlockTimes:
-        """Kernel seconds per block for this shard shape (and whether the weight-gradient
-        GEMMs fuse the gradient adds: `RunConfig.grad_accumulation_fusion`)."""
+        """Kernel seconds per block for this shard shape (with how CP runs its attention core,
+        `context_parallel.schedule_core`, and whether the weight-gradient GEMMs fuse the
+        gradient adds: `RunConfig.grad_accumulation_fusion`)."""
         shape = (run.tp, run.cp, run.ep, run.micro_batch_size, run.sequence_parallel)
-        key = (*shape, run.grad_accumulation_fusion)
+        key = (*shape, run.cp_comm_type, run.grad_accumulation_fusion)
         if key not in self.blocks:
             sk = shard_kernels(self.inputs, run)
             self.blocks[key] = block_times(sk, self.table, run)

@@ -7,8 +7,10 @@ and vocabulary divided by ``tp``, the sequence by ``cp``, experts by ``ep``; the
 * sequence parallelism (`sequence_parallel`): the row-wise ops over ``(tokens, hidden)`` that
   tensor parallelism leaves whole run on ``tokens / tp`` rows, and so do a MoE layer's router
   and token permutes (``megatron``);
-* context parallelism (`context_parallel`): the attention core runs ``cp`` ring steps, the
-  ``cp - 1`` after the first each priced at the slower of its alternatives (`ring_steps`);
+* context parallelism (`context_parallel`): the p2p ring's attention core runs ``cp`` ring
+  steps, the ``cp - 1`` after the first each priced at the slower of its alternatives
+  (`ring_steps`); ``all_gather`` and ``a2a`` run their own kernels in its place, the slowest
+  rank's setting the layer (`schedule_core`);
 * recomputation: ``full`` re-runs each layer's forward before its backward, ``selective``
   re-runs the attention core only (Korthikanti et al. 2022);
 * unfused attention (`SimInputs.attention`, ``megatron`` only): passed to the inventory as
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from forecast.predict import LatencyTable
-from simulator.context_parallel import Counted, RingTimes, ring_steps
+from simulator.context_parallel import Counted, RingTimes, ring_steps, schedule_core, without
 from simulator.errors import ConfigError
 from simulator.inventory_hf import sizes
 from simulator.loss import add_loss
@@ -58,6 +60,9 @@ class ShardKernels:
     ``megatron``). ``attention_fw`` / ``attention_bw``: the attention core of CP ring step 0
     (the layer's own, in ``layer_*``); ``ring_fw`` / ``ring_bw``: the kernels of each other step,
     as alternatives of which the slower sets the step (`ring_steps`; empty at cp 1).
+    ``core_fw`` / ``core_bw``: the attention core of ``all_gather`` or ``a2a`` as alternatives
+    of which the slowest sets the layer (`schedule_core`); where they are set, ``layer_*`` and
+    ``attention_*`` leave ring step 0 out and ``ring_*`` are empty.
     """
 
     embed_fw: Counted
@@ -73,11 +78,13 @@ class ShardKernels:
     optimizer_bytes_per_param: float
     ring_fw: tuple[Counted, ...] = ()
     ring_bw: tuple[Counted, ...] = ()
+    core_fw: tuple[Counted, ...] = ()
+    core_bw: tuple[Counted, ...] = ()
 
     def all(self) -> set[KernelSpec]:
         """Every distinct kernel, plus the optimizer's reference kernel."""
         groups = (self.embed_fw, self.embed_bw, self.layer_fw, self.layer_bw, self.head_fw)
-        rings = (*self.ring_fw, *self.ring_bw)
+        rings = (*self.ring_fw, *self.ring_bw, *self.core_fw, *self.core_bw)
         return {k for g in (*groups, self.head_bw, *rings) for k, _ in g} | {ADAM_REF}
 
 
@@ -226,11 +233,17 @@ def shard_kernels(inputs: SimInputs, run: RunConfig) -> ShardKernels:
 
     attention_fw = kernels(layer, backward=False, only=ATTENTION_OPS)
     attention_bw = kernels(layer, backward=True, only=ATTENTION_OPS)
+    layer_fw, layer_bw = kernels(layer, backward=False), kernels(layer, backward=True)
+    core_fw = schedule_core(run.cp_comm_type, attention_fw, run.cp)
+    core_bw = schedule_core(run.cp_comm_type, attention_bw, run.cp)
+    if core_fw:  # all_gather / a2a: their own core in place of ring step 0
+        layer_fw, layer_bw = without(layer_fw, attention_fw), without(layer_bw, attention_bw)
+        attention_fw = attention_bw = ()
     return ShardKernels(
         embed_fw=kernels(embed, backward=False),
         embed_bw=kernels(embed, backward=True),
-        layer_fw=kernels(layer, backward=False),
-        layer_bw=kernels(layer, backward=True),
+        layer_fw=layer_fw,
+        layer_bw=layer_bw,
         attention_fw=attention_fw,
         attention_bw=attention_bw,
         head_fw=kernels(head, backward=False),
@@ -238,8 +251,10 @@ def shard_kernels(inputs: SimInputs, run: RunConfig) -> ShardKernels:
         col_dgrad=_column_gemms(layer, w, wgrad=False),
         col_wgrad=_column_gemms(layer, w, wgrad=True),
         optimizer_bytes_per_param=OPTIMIZER_BYTES_PER_PARAM[inputs.dtype],
-        ring_fw=ring_steps(attention_fw, run.cp),
-        ring_bw=ring_steps(attention_bw, run.cp),
+        ring_fw=ring_steps(attention_fw, run.cp) if not core_fw else (),
+        ring_bw=ring_steps(attention_bw, run.cp) if not core_fw else (),
+        core_fw=core_fw,
+        core_bw=core_bw,
     )
 
 
@@ -265,14 +280,19 @@ def _ring_s(ring: tuple[Counted, ...], table: LatencyTable, run: RunConfig) -> f
 
 def block_times(sk: ShardKernels, table: LatencyTable, run: RunConfig) -> BlockTimes:
     """Seconds per block and phase for one micro-batch (recompute not yet added)."""
-    ring_fw = _ring_s(sk.ring_fw, table, run)
-    ring_bw = _ring_s(sk.ring_bw, table, run)  # its own kernels (FA2: ~2.7x forward)
-    step0_fw, step0_bw = _sum_s(sk.attention_fw, table), _sum_s(sk.attention_bw, table)
-    attn_fw = step0_fw + ring_fw
-    attn_bw = step0_bw + ring_bw
-    ring = RingTimes(step0_fw, _step_s(sk.ring_fw, table), step0_bw, _step_s(sk.ring_bw, table))
-    layer_fw = _sum_s(sk.layer_fw, table) + ring_fw
-    layer_bw = _sum_s(sk.layer_bw, table) + ring_bw
+    if sk.core_fw:  # all_gather / a2a: no ring, their own core on the slowest rank
+        attn_fw, attn_bw = _step_s(sk.core_fw, table), _step_s(sk.core_bw, table)
+        ring, core_fw, core_bw = RingTimes(), attn_fw, attn_bw
+    else:  # the ring steps after the first (step 0 is the layer's own)
+        core_fw = _ring_s(sk.ring_fw, table, run)
+        core_bw = _ring_s(sk.ring_bw, table, run)  # its own kernels (FA2: ~2.7x forward)
+        step0_fw, step0_bw = _sum_s(sk.attention_fw, table), _sum_s(sk.attention_bw, table)
+        attn_fw = step0_fw + core_fw
+        attn_bw = step0_bw + core_bw
+        step_fw, step_bw = _step_s(sk.ring_fw, table), _step_s(sk.ring_bw, table)
+        ring = RingTimes(step0_fw, step_fw, step0_bw, step_bw)
+    layer_fw = _sum_s(sk.layer_fw, table) + core_fw  # the core the layer's list leaves out
+    layer_bw = _sum_s(sk.layer_bw, table) + core_bw
     return BlockTimes(
         embed_fw_s=_sum_s(sk.embed_fw, table),
         embed_bw_s=_sum_s(sk.embed_bw, table),
