@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from topologies.mesh import all_to_all_share, group_share
+from topologies.nics import gpu_inter_bw, link_scale, nic_of, nic_scale
 from topologies.spec import ClusterSpec, LinkTier, NVLSSpec, TierKind, TopologyError
 
 MEGATRON_ORDER: tuple[str, ...] = ("tp", "dp", "pp")
@@ -25,8 +26,8 @@ class GroupLinks:
 
     Bandwidths are effective (line rate x efficiency x degradation), bytes/s per direction;
     ``inter_bw_bytes_per_s`` is per node: the group's ranks there times the slowest one's
-    `Cluster.gpu_inter_bw` (its share of a NIC that GPUs share, the NIC no faster than its
-    PCIe link, the GPU no faster than its own).
+    `topologies.nics.gpu_inter_bw` (its share of a NIC that GPUs share, the NIC no faster
+    than its PCIe link, the GPU no faster than its own).
     ``nic_on_intra_link``: a GPU reaches its NIC over the same link it reaches its peers by
     (a PCIe-only server: one x16 link carries both), so intra and inter traffic add up.
     ``a2a_intra_bw_bytes_per_s``: the rate at which a rank's in-node all-to-all traffic drains
@@ -118,11 +119,7 @@ class Cluster:
         return self.server.intra
 
     def _scale(self, tier: TierKind, node: int, local: int) -> float:
-        scale = 1.0
-        for d in self.spec.degradations:
-            if d.tier == tier and d.node in (None, node) and d.local_rank in (None, local):
-                scale *= d.bw_scale
-        return scale
+        return link_scale(self.spec, tier, node, local)
 
     def group_links(self, ranks: Sequence[int]) -> GroupLinks:
         """Effective bandwidths and latencies of a rank group (see `GroupLinks`)."""
@@ -160,56 +157,9 @@ class Cluster:
             a2a_intra_bw_bytes_per_s=a2a_bw,
         )
 
-    def nic_of(self, local: int) -> int:
-        """The NIC a GPU reaches the network by (GPUs sharing one: ``gpus / nics`` a NIC, in
-        order), or with several NICs a GPU, the GPU's own index (its NICs are ``nics / gpus``)."""
-        srv = self.server
-        return local * min(srv.nics_per_node, srv.gpus_per_node) // srv.gpus_per_node
-
-    def _nic_scale(self, node: int, local: int) -> float:
-        """Degradation of the NIC GPU ``local`` uses: ``inter:NODE:GPU:SCALE`` scales the NIC
-        that GPU reaches the network by, so every GPU sharing it slows too (flags naming the
-        same NIC multiply, as flags on one link do)."""
-        scale, mine = 1.0, self.nic_of(local)
-        for d in self.spec.degradations:
-            named = d.local_rank is None or self.nic_of(d.local_rank) == mine
-            if d.tier == "inter" and d.node in (None, node) and named:
-                scale *= d.bw_scale
-        return scale
-
-    def _pcie_bw(self) -> float | None:
-        """A PCIe x16 link's achieved rate, one direction, where the server file gives one: the
-        GPU's one link on a PCIe server, its host path on a mesh (DGX-1: PCIe 3.0). A NIC's own
-        link to its PCIe switch is taken to be as fast. None on an NVSwitch server: no rate is
-        filed (its NICs, 1:1 with GPUs, are no faster than their PCIe links)."""
-        srv = self.server
-        if srv.fabric == "pcie":
-            return srv.intra.effective_bw_bytes_per_s
-        if srv.host_bw_bytes_per_s_per_dir is not None:
-            return srv.host_bw_bytes_per_s_per_dir * srv.intra.efficiency
-        return None
-
-    def gpu_inter_bw(self, node: int, local: int, spine: float = 1.0) -> float:
-        """Network bandwidth one GPU gets, effective, one direction, all GPUs sending at once:
-        its share (``nics / gpus``) of the NIC it uses, that NIC at the lesser of its port rate
-        and its PCIe link (shared by the GPUs behind it), divided by ``spine`` (the fat tree's
-        oversubscription where the traffic crosses it), and no more than the GPU's own PCIe
-        link carries (on a PCIe server scaled by its ``intra`` degradation: it is that link)."""
-        if self.network is None:
-            return 0.0
-        srv, pcie = self.server, self._pcie_bw()
-        nic = self.network.link.effective_bw_bytes_per_s * self._nic_scale(node, local)
-        if pcie is not None:
-            nic = min(nic, pcie)
-        bw = nic * srv.nics_per_node / srv.gpus_per_node / spine
-        if pcie is not None:
-            own = self._scale("intra", node, local) if srv.fabric == "pcie" else 1.0
-            bw = min(bw, pcie * own)
-        return bw
-
     def _inter_bw(self, per_node: dict[int, list[int]]) -> float:
         """A group's network bandwidth per node: its ranks there times the slowest one's
-        (`gpu_inter_bw`), the least over its nodes."""
+        (`topologies.nics.gpu_inter_bw`), the least over its nodes."""
         if len(per_node) < 2 or self.network is None:
             return 0.0
         spine = 1.0
@@ -218,7 +168,7 @@ class Cluster:
         if len({n // self.spec.nodes_per_leaf for n in per_node}) > 1:
             spine = self.spec.oversubscription
         return min(
-            len(ls) * min(self.gpu_inter_bw(n, lr, spine) for lr in ls)
+            len(ls) * min(gpu_inter_bw(self.spec, n, lr, spine) for lr in ls)
             for n, ls in per_node.items()
         )
 
@@ -261,10 +211,10 @@ class Cluster:
         for rail in range(srv.nics_per_node):
             nic = ("nic", node, rail)
             local = rail * srv.gpus_per_node // srv.nics_per_node
-            bw = net.link.bw_bytes_per_s_per_dir * self._nic_scale(node, local)
+            bw = net.link.bw_bytes_per_s_per_dir * nic_scale(self.spec, node, local)
             g.add_node(nic, kind="nic", network=net.id)
             for gpu in range(srv.gpus_per_node):  # every GPU sharing the NIC reaches it
-                if self.nic_of(gpu) == self.nic_of(local):
+                if nic_of(srv, gpu) == nic_of(srv, local):
                     g.add_edge(("gpu", node, gpu), nic, bw_bytes_per_s_per_dir=bw, tier="pcie")
             leaf = ("leaf", rail, leaf_group)
             g.add_node(leaf, kind="leaf")
