@@ -95,7 +95,9 @@ def _add_collective(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="append",
         default=[],
         metavar="TIER:NODE:GPU:SCALE",
-        help="scale a link, e.g. inter:0:3:0.5 (NIC of node 0 GPU 3 at half rate; * = all)",
+        help="scale a link, e.g. inter:0:3:0.5 (the NIC node 0's GPU 3 uses, at half rate: "
+        "every GPU sharing that NIC slows; intra: the GPU's NVLink, or its PCIe x16 link on a "
+        "PCIe server; * = all)",
     )
     p.add_argument(
         "--json",

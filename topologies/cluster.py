@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from topologies.mesh import all_to_all_share, group_share
+from topologies.nics import gpu_inter_bw, link_scale, nic_of, nic_scale
 from topologies.spec import ClusterSpec, LinkTier, NVLSSpec, TierKind, TopologyError
 
 MEGATRON_ORDER: tuple[str, ...] = ("tp", "dp", "pp")
@@ -24,8 +25,9 @@ class GroupLinks:
     """What one rank group sees of the cluster: the input of every collective cost model.
 
     Bandwidths are effective (line rate x efficiency x degradation), bytes/s per direction;
-    ``inter_bw_bytes_per_s`` is per node (all NICs the group's ranks on that node use; on a
-    PCIe server no more than those ranks' x16 links carry, since the NICs hang off them).
+    ``inter_bw_bytes_per_s`` is per node: the group's ranks there times the slowest one's
+    `topologies.nics.gpu_inter_bw` (its share of a NIC that GPUs share, the NIC no faster
+    than its PCIe link, the GPU no faster than its own).
     ``nic_on_intra_link``: a GPU reaches its NIC over the same link it reaches its peers by
     (a PCIe-only server: one x16 link carries both), so intra and inter traffic add up.
     ``a2a_intra_bw_bytes_per_s``: the rate at which a rank's in-node all-to-all traffic drains
@@ -117,11 +119,7 @@ class Cluster:
         return self.server.intra
 
     def _scale(self, tier: TierKind, node: int, local: int) -> float:
-        scale = 1.0
-        for d in self.spec.degradations:
-            if d.tier == tier and d.node in (None, node) and d.local_rank in (None, local):
-                scale *= d.bw_scale
-        return scale
+        return link_scale(self.spec, tier, node, local)
 
     def group_links(self, ranks: Sequence[int]) -> GroupLinks:
         """Effective bandwidths and latencies of a rank group (see `GroupLinks`)."""
@@ -160,26 +158,19 @@ class Cluster:
         )
 
     def _inter_bw(self, per_node: dict[int, list[int]]) -> float:
+        """A group's network bandwidth per node: its ranks there times the slowest one's
+        (`topologies.nics.gpu_inter_bw`), the least over its nodes."""
         if len(per_node) < 2 or self.network is None:
             return 0.0
-        nic_per_gpu = self.server.nics_per_node / self.server.gpus_per_node
-        link = self.network.link
-        worst = min(
-            len(ls) * min(self._scale("inter", n, lr) for lr in ls) for n, ls in per_node.items()
-        )
-        bw = min(worst * nic_per_gpu, self.server.nics_per_node) * link.effective_bw_bytes_per_s
+        spine = 1.0
         # the group's traffic crosses the spine when its nodes sit under two leaf groups (as
         # `to_graph` wires them: node // nodes_per_leaf), however few nodes it has
         if len({n // self.spec.nodes_per_leaf for n in per_node}) > 1:
-            bw /= self.spec.oversubscription
-        if self.server.fabric == "pcie":  # NIC traffic crosses each GPU's one x16 link too
-            x16 = self.server.intra.effective_bw_bytes_per_s
-            bw = min(
-                bw,
-                min(sum(self._scale("intra", n, lr) for lr in ls) for n, ls in per_node.items())
-                * x16,
-            )
-        return bw
+            spine = self.spec.oversubscription
+        return min(
+            len(ls) * min(gpu_inter_bw(self.spec, n, lr, spine) for lr in ls)
+            for n, ls in per_node.items()
+        )
 
     def to_graph(self) -> nx.Graph:
         """The physical topology: GPUs, node fabric, NICs, rail leaves and spines.
@@ -220,9 +211,11 @@ class Cluster:
         for rail in range(srv.nics_per_node):
             nic = ("nic", node, rail)
             local = rail * srv.gpus_per_node // srv.nics_per_node
-            bw = net.link.bw_bytes_per_s_per_dir * self._scale("inter", node, local)
+            bw = net.link.bw_bytes_per_s_per_dir * nic_scale(self.spec, node, local)
             g.add_node(nic, kind="nic", network=net.id)
-            g.add_edge(("gpu", node, local), nic, bw_bytes_per_s_per_dir=bw, tier="pcie")
+            for gpu in range(srv.gpus_per_node):  # every GPU sharing the NIC reaches it
+                if nic_of(srv, gpu) == nic_of(srv, local):
+                    g.add_edge(("gpu", node, gpu), nic, bw_bytes_per_s_per_dir=bw, tier="pcie")
             leaf = ("leaf", rail, leaf_group)
             g.add_node(leaf, kind="leaf")
             g.add_edge(nic, leaf, bw_bytes_per_s_per_dir=bw, tier="inter")

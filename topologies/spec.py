@@ -170,10 +170,13 @@ class NetworkSpec(_Frozen):
 
 
 class Degradation(_Frozen):
-    """A slower or missing link: scale one GPU's (or every GPU's) bandwidth on one tier.
+    """A slower or missing link: scale one GPU's (or every GPU's) link on one tier.
 
-    ``bw_scale`` 0.5 is a NIC at half rate; a missing NVLink of 18 is ``(18 - 1) / 18``.
-    ``local_rank`` None applies to every GPU of the node (or node None: of the cluster).
+    ``intra``: the GPU's link into the node fabric (NVLink; on a PCIe server its x16 link, which
+    its NIC traffic crosses too). ``inter``: the NIC the GPU reaches the network by, so every
+    GPU sharing that NIC slows. ``bw_scale`` 0.5 is a NIC at half rate; a missing NVLink of 18
+    is ``(18 - 1) / 18``. ``local_rank`` None applies to every GPU of the node (or node None:
+    of the cluster).
     """
 
     tier: TierKind

@@ -1,0 +1,72 @@
+"""A GPU's way to the network: the NIC it uses, that NIC's degradation, and its rate.
+
+GPUs share NICs evenly and in order (DGX-1 V100 and the PCIe servers: GPUs 2i and 2i + 1 behind
+NIC i, on one PCIe switch); with more NICs than GPUs each GPU has ``nics / gpus`` of its own.
+All GPUs are taken to send at once (every rank of a layout runs its group's collective), so a
+GPU gets its share of its NIC. A NIC hangs off PCIe, so it is no faster than its x16 link; a
+GPU reaches it over its own x16 link (on a PCIe server the one link that carries its peer
+traffic too). Degradations: ``inter`` scales the NIC the named GPU uses, ``intra`` the GPU's
+fabric link (on a PCIe server its x16 link).
+"""
+
+from __future__ import annotations
+
+from topologies.spec import ClusterSpec, ServerSpec, TierKind
+
+
+def link_scale(spec: ClusterSpec, tier: TierKind, node: int, local: int) -> float:
+    """Product of the degradations of GPU ``local``'s link on ``tier`` (its own, not a NIC's)."""
+    scale = 1.0
+    for d in spec.degradations:
+        if d.tier == tier and d.node in (None, node) and d.local_rank in (None, local):
+            scale *= d.bw_scale
+    return scale
+
+
+def nic_of(server: ServerSpec, local: int) -> int:
+    """The NIC a GPU reaches the network by (GPUs sharing one: ``gpus / nics`` a NIC, in
+    order), or with several NICs a GPU, the GPU's own index (its NICs are ``nics / gpus``)."""
+    return local * min(server.nics_per_node, server.gpus_per_node) // server.gpus_per_node
+
+
+def nic_scale(spec: ClusterSpec, node: int, local: int) -> float:
+    """Degradation of the NIC GPU ``local`` uses: ``inter:NODE:GPU:SCALE`` scales the NIC that
+    GPU reaches the network by, so every GPU sharing it slows too (flags naming the same NIC
+    multiply, as flags on one link do)."""
+    scale, mine = 1.0, nic_of(spec.server, local)
+    for d in spec.degradations:
+        named = d.local_rank is None or nic_of(spec.server, d.local_rank) == mine
+        if d.tier == "inter" and d.node in (None, node) and named:
+            scale *= d.bw_scale
+    return scale
+
+
+def pcie_bw(server: ServerSpec) -> float | None:
+    """A PCIe x16 link's achieved rate, one direction, where the server file gives one: the
+    GPU's one link on a PCIe server, its host path on a mesh (DGX-1: PCIe 3.0). A NIC's own link
+    to its PCIe switch is taken to be as fast. None on an NVSwitch server: no rate is filed (its
+    NICs, 1:1 with GPUs, are no faster than their PCIe links at catalog rates)."""
+    if server.fabric == "pcie":
+        return server.intra.effective_bw_bytes_per_s
+    if server.host_bw_bytes_per_s_per_dir is not None:
+        return server.host_bw_bytes_per_s_per_dir * server.intra.efficiency
+    return None
+
+
+def gpu_inter_bw(spec: ClusterSpec, node: int, local: int, spine: float = 1.0) -> float:
+    """Network bandwidth one GPU gets, effective, one direction, all GPUs sending at once: its
+    share (``nics / gpus``) of the NIC it uses, that NIC at the lesser of its port rate and its
+    PCIe link (shared by the GPUs behind it), divided by ``spine`` (the fat tree's
+    oversubscription where the traffic crosses it), and no more than the GPU's own PCIe link
+    carries (on a PCIe server scaled by its ``intra`` degradation: it is that link)."""
+    if spec.network is None:
+        return 0.0
+    srv, pcie = spec.server, pcie_bw(spec.server)
+    nic = spec.network.link.effective_bw_bytes_per_s * nic_scale(spec, node, local)
+    if pcie is not None:
+        nic = min(nic, pcie)
+    bw = nic * srv.nics_per_node / srv.gpus_per_node / spine
+    if pcie is not None:
+        own = link_scale(spec, "intra", node, local) if srv.fabric == "pcie" else 1.0
+        bw = min(bw, pcie * own)
+    return bw
