@@ -1,6 +1,6 @@
 """Time `tilesim serve` forecasts: Llama 3 8B on one H100 and Llama 3 70B over a DGX H100
 at tp 8, 1,024-token prompts, 128 and 2,048 generated tokens (the latter forecasts 256 decode
-passes and interpolates the rest: `simulator.serve.MAX_DECODE_SAMPLES`).
+passes and interpolates the rest: `simulator.serve_request.MAX_DECODE_SAMPLES`).
 
 Run: ``python benchmarks/serve_speed.py``. No target; prints seconds per forecast, the first
 one including loading the latency model.
@@ -13,7 +13,8 @@ import time
 from forecast.gpus import load_gpu
 from simulator.latency import latency_model_for
 from simulator.models import load_model
-from simulator.serve import ServeRequest, serve_forecast
+from simulator.serve import serve_forecast
+from simulator.serve_request import ServeRequest
 from topologies.catalog import load_cluster
 
 

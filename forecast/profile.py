@@ -24,6 +24,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,31 +147,50 @@ def collect(cfg: CollectConfig) -> CollectReport:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         if new_file:
             writer.writeheader()
-        for op, dtype, dims in plan(cfg.ops, cfg.dtypes, cfg.device):
-            if deadline is not None and time.perf_counter() >= deadline:
-                report.stopped_by_budget = True
-                break
-            key = row_key(op, dtype, dims)
-            if key in done:
-                report.skipped_existing += 1
-                continue
-            try:
-                row = _measure(cfg, op, dtype, dims, str(meta["device_name"]), deadline, report)
-            except BudgetExceeded:
-                report.stopped_by_budget = True
-                break
-            if isinstance(row, _Skip):
-                _note_skip(row, report, cfg.device)
-                continue
+
+        def write(row: dict[str, object]) -> None:
             writer.writerow({**row, **versions})
             f.flush()
-            done.add(key)
-            report.measured += 1
+
+        device_name = str(meta["device_name"])
+        _measure_plan(cfg, report, write, done=done, device_name=device_name, deadline=deadline)
     report.elapsed_s = time.perf_counter() - t0
     if cfg.device != "cpu":  # clocks under load, after the last kernel
         meta["nvidia_smi_end"] = nvidia_smi()
         write_text_atomic(meta_path, json.dumps(meta, indent=2) + "\n")
     return report
+
+
+def _measure_plan(
+    cfg: CollectConfig,
+    report: CollectReport,
+    write: Callable[[dict[str, object]], None],
+    *,
+    done: set[tuple[str, ...]],
+    device_name: str,
+    deadline: float | None,
+) -> None:
+    """Measure the planned kernels not in ``done``, in plan order, each row to ``write``,
+    until the plan ends or the ``deadline`` passes (``report`` counts and says which)."""
+    for op, dtype, dims in plan(cfg.ops, cfg.dtypes, cfg.device):
+        if deadline is not None and time.perf_counter() >= deadline:
+            report.stopped_by_budget = True
+            return
+        key = row_key(op, dtype, dims)
+        if key in done:
+            report.skipped_existing += 1
+            continue
+        try:
+            row = _measure(cfg, op, dtype, dims, device_name, deadline, report)
+        except BudgetExceeded:
+            report.stopped_by_budget = True
+            return
+        if isinstance(row, _Skip):
+            _note_skip(row, report, cfg.device)
+            continue
+        write(row)
+        done.add(key)
+        report.measured += 1
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,11 @@ def gemm_kernel(dims_text: str, dtype: str) -> KernelSpec:
 
 def add_collect_commands(ksub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``kernels collect`` and ``kernels tc-calibrate``."""
+    _add_collect(ksub)
+    _add_tc_calibrate(ksub)
+
+
+def _add_collect(ksub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c = ksub.add_parser("collect", help="time kernels with PyTorch into a measurements CSV")
     c.add_argument(
         "--device", choices=("cuda", "cpu"), default="cuda", help="where to time (default: cuda)"
@@ -66,6 +71,8 @@ def add_collect_commands(ksub: argparse._SubParsersAction[argparse.ArgumentParse
     )
     c.set_defaults(handler=_collect)
 
+
+def _add_tc_calibrate(ksub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     t = ksub.add_parser("tc-calibrate", help="fit the tensor-core model; print the holdout table")
     t.add_argument(
         "--data",

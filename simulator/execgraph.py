@@ -58,8 +58,15 @@ from typing import Any
 
 import networkx as nx
 
+from simulator.comm_tasks import (
+    add_comm_task,
+    add_embedding_sync,
+    add_grad_sync,
+    add_norm_sync,
+    add_zero3_tasks,
+)
 from simulator.schedules import Slot, stage_orders
-from simulator.task_costs import EMBEDDING_SYNC, PP_HOP, CostKey, StepCosts
+from simulator.task_costs import PP_HOP, CostKey, StepCosts
 
 Node = tuple[Any, ...]
 Ends = tuple[Node, Node]  # first and last piece of one task
@@ -149,20 +156,20 @@ def exec_graph(shape: Shape) -> nx.DiGraph:
     for s, order in enumerate(orders):
         last = ends[(order[-1].phase, s, order[-1].chunk, order[-1].micro)][1]
         per_task = shape.zero3[s] or shape.scatters[s]
-        comm = _add_zero3(g, s, order, ends, gathers=shape.zero3[s]) if per_task else []
-        comm += _add_grad_sync(g, shape, s, order, last)
+        comm = add_zero3_tasks(g, s, order, ends, gathers=shape.zero3[s]) if per_task else []
+        comm += add_grad_sync(g, shape, s, order, last)
         _chain(g, comm)
         ready.append([last, *comm])
         if shape.norm_sync[s]:
-            ready[s] = _add_norm_sync(g, s, ready[s])
+            ready[s] = add_norm_sync(g, s, ready[s])
     if shape.embedding_sync:
-        _add_embedding_sync(g, ready, shape.pp)
+        add_embedding_sync(g, ready, shape.pp)
     for s, srcs in enumerate(ready):
         opt = ("O", s)
         g.add_node(opt, kind="optimizer", stage=s, stream="compute", cost=("optimizer", s))
         g.add_edges_from(((src, opt) for src in srcs), dep="data")
         if shape.param_gather[s]:
-            _add_comm(g, ("A", s), s, "dp", ("param_gather", s))
+            add_comm_task(g, ("A", s), s, "dp", ("param_gather", s))
             g.add_edge(opt, ("A", s), dep="data")
     keys = {a["cost"]: None for a in g.nodes.values()}
     if any("delay" in e for e in g.edges.values()):
@@ -209,11 +216,6 @@ def _chain(g: nx.DiGraph, nodes: list[Node]) -> None:
     g.add_edges_from(itertools.pairwise(nodes), dep="stream")
 
 
-def _add_comm(g: nx.DiGraph, node: Node, stage: int, stream: str, cost: CostKey) -> None:
-    comm = stream.split("-")[0]
-    g.add_node(node, kind="comm", comm=comm, stage=stage, stream=stream, cost=cost)
-
-
 def _add_pipeline_edges(g: nx.DiGraph, shape: Shape, ends: dict[Node, Ends]) -> None:
     pp, v, m = shape.pp, shape.v, shape.m
     nv = pp * v
@@ -233,71 +235,6 @@ def _add_pipeline_edges(g: nx.DiGraph, shape: Shape, ends: dict[Node, Ends]) -> 
             if vs > 0:
                 edges.append((b_last, ends[("B", *prv, i)][0], hop))
     g.add_edges_from(edges)
-
-
-def _add_zero3(
-    g: nx.DiGraph, s: int, order: Sequence[Slot], ends: dict[Node, Ends], *, gathers: bool
-) -> list[Node]:
-    """ZeRO-3's gathers (``gathers``) and ZeRO-2's or -3's scatters of one stage, in the order
-    its ``dp`` stream runs them: the next task's gather before this backward's scatter (FSDP's
-    backward prefetch). One stream: they share the stage's links (on two streams each ran at
-    the links' full speed)."""
-    stream: list[Node] = []
-    for k, slot in enumerate(order):
-        if gathers and k == 0:
-            stream.append(_zero3_gather(g, s, slot, ends))
-        if gathers and k + 1 < len(order):
-            stream.append(_zero3_gather(g, s, order[k + 1], ends))
-        if slot.phase == "B":
-            red = ("R", s, slot.chunk, slot.micro)
-            _add_comm(g, red, s, "dp", ("zero3_scatter", s, slot.chunk))
-            g.add_edge(ends[("B", s, slot.chunk, slot.micro)][1], red, dep="data")
-            stream.append(red)
-    return stream
-
-
-def _zero3_gather(g: nx.DiGraph, s: int, slot: Slot, ends: dict[Node, Ends]) -> Node:
-    node = ("G", s, slot.phase, slot.chunk, slot.micro)
-    _add_comm(g, node, s, "dp", ("zero3_gather", s, slot.chunk))
-    g.add_edge(node, ends[(slot.phase, s, slot.chunk, slot.micro)][0], dep="data")
-    return node
-
-
-def _add_grad_sync(
-    g: nx.DiGraph, shape: Shape, s: int, order: Sequence[Slot], last: Node
-) -> list[Node]:
-    nodes: list[Node] = []
-    n = shape.pieces
-    for slot in order:
-        if slot.phase != "B" or slot.micro != shape.m - 1:
-            continue  # every schedule runs micro-batch m-1 last on each chunk
-        for k in range(n):
-            node = ("D", s, slot.chunk, k)
-            _add_comm(g, node, s, "dp", ("grad_sync", s, slot.chunk, n))
-            src = ("B", s, slot.chunk, slot.micro, k) if shape.overlap_grad_reduce else last
-            g.add_edge(src, node, dep="data")
-            nodes.append(node)
-    return nodes
-
-
-def _add_norm_sync(g: nx.DiGraph, s: int, ready: list[Node]) -> list[Node]:
-    """Stage ``s``'s norm-gradient all-reduce over TP: it waits for what the optimizer step
-    waited for (``ready``), and the step now waits for it."""
-    node: Node = ("N", s)
-    _add_comm(g, node, s, "tp", ("norm_sync", s))
-    g.add_edges_from(((src, node) for src in ready), dep="data")
-    return [node]
-
-
-def _add_embedding_sync(g: nx.DiGraph, ready: list[list[Node]], pp: int) -> None:
-    """The tied embedding's all-reduce: it waits for the first and the last stage's last
-    backward and gradient reductions (Megatron's ``finish_grad_sync`` comes first), and both
-    stages' optimizer steps wait for it (``ready`` gains it on those two stages)."""
-    node: Node = ("E",)
-    _add_comm(g, node, 0, "pp", EMBEDDING_SYNC)
-    for s in (0, pp - 1):
-        g.add_edges_from(((src, node) for src in ready[s]), dep="data")
-        ready[s] = [*ready[s], node]
 
 
 def task_label(node: Node) -> str:

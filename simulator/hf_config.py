@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from simulator.errors import ConfigError
-from simulator.models import ModelSpec, _validate
+from simulator.model_files import validate_model
+from simulator.models import ModelSpec
 
 Raw = dict[str, Any]
 
@@ -232,4 +233,4 @@ def from_hf_config(raw: Raw, model_id: str, source: str) -> ModelSpec:
         raise ConfigError(f"{source}: {kind} config lacks key {e}") from e
     except _BadValueError as e:
         raise ConfigError(f"{source}: key {e.key!r} {e}") from e
-    return _validate({"id": model_id, **fields}, source, KEYS[kind])
+    return validate_model({"id": model_id, **fields}, source, KEYS[kind])

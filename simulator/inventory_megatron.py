@@ -84,8 +84,22 @@ def te_linear(
 ) -> FrameworkOp:
     """A linear of TE's layer (``rows`` tokens, ``dims = (n_in, n_out)``): `oprules.linear` in
     the workload's dtype, and under fp8 (`opgraph.te_fp8`) its three GEMMs in fp8 plus TE's
-    casts (TE 1.x, transformer_engine/pytorch/module/linear.py ``_Linear``,
-    layernorm_linear.py ``_LayerNormLinear``, base.py ``grad_output_preprocess``):
+    casts (`_te_casts`). The GEMMs come first in ``fw`` and ``bw`` (dgrad, wgrad: `stagecost`
+    reads them there). The weights' casts run once a step (``is_first_microbatch``), not per
+    pass: not listed here."""
+    if not te_fp8(dtype, "megatron"):
+        return r.linear(name, rows, dims, dtype, bias=bias)
+    gemms = r.linear(name, rows, dims, Dtype.FP8, bias=bias)
+    fw, bw = _te_casts(rows, dims, fused_norm=fused_norm, train=train)
+    return replace(gemms, fw=(*gemms.fw, *fw), bw=(*gemms.bw[:2], *bw))
+
+
+def _te_casts(
+    rows: int, dims: tuple[int, int], *, fused_norm: bool, train: bool
+) -> tuple[tuple[KernelSpec, ...], tuple[KernelSpec, ...]]:
+    """The forward and backward fp8 casts of one TE linear (TE 1.x,
+    transformer_engine/pytorch/module/linear.py ``_Linear``, layernorm_linear.py
+    ``_LayerNormLinear``, base.py ``grad_output_preprocess``):
 
     * forward: ``Linear`` (the projection, fc2, the experts' GroupedLinear) casts its bf16
       input, with its transpose for the weight gradient when training (``cast_transpose``,
@@ -100,19 +114,14 @@ def te_linear(
     Under sequence parallelism TE 1.x casts a row-parallel ``dy`` on the local rows and
     transposes it once gathered (3 / tp + 2 bytes an element of ``(T, h)``, against the 4 / tp
     that `sequence_parallel`'s row split makes of this ``(T, h)`` cast-transpose), and a ``Linear``
-    casts its input forward and transposes it backward (5 bytes, not 4). The GEMMs come first
-    in ``fw`` and ``bw`` (dgrad, wgrad: `stagecost` reads them there). The weights' casts run
-    once a step (``is_first_microbatch``), not per pass: not listed here."""
-    if not te_fp8(dtype, "megatron"):
-        return r.linear(name, rows, dims, dtype, bias=bias)
+    casts its input forward and transposes it backward (5 bytes, not 4)."""
     n_in, n_out = dims
-    gemms = r.linear(name, rows, dims, Dtype.FP8, bias=bias)
     cast = "cast_transpose" if train else "cast"
     fw = () if fused_norm else (fp8_cast(cast, rows, n_in),)
     bw = [fp8_cast("cast_transpose", rows, n_out)]
     if fused_norm:
         bw.append(fp8_cast("transpose", rows, n_in))
-    return replace(gemms, fw=(*gemms.fw, *fw), bw=(*gemms.bw[:2], *bw))
+    return fw, tuple(bw)
 
 
 def flash_attention(z: Sizes, *, causal: bool = True) -> FrameworkOp:

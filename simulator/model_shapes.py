@@ -1,7 +1,7 @@
 """The rules a `ModelSpec`'s sizes follow, and `ShapeError`, which names the field to change.
 
-`ModelSpec` checks them after its fields (`check_shapes`); `models.load_model` reports a broken
-one as one line naming the field, or the HF config's own key for it.
+`ModelSpec` checks them after its fields (`check_shapes`); `model_files.validate_model` reports a
+broken one as one line naming the field, or the HF config's own key for it.
 """
 
 from __future__ import annotations

@@ -7,15 +7,13 @@ by name, from the NeuSight ``models/`` folder (``gpt2_large`` -> ``models/gpt2_l
 
 from __future__ import annotations
 
-import json
-import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from simulator.errors import ConfigError
-from simulator.model_shapes import ShapeError, check_shapes
+from simulator.model_shapes import check_shapes
 from simulator.moe_routing import experts_hit, split_rows
 
 CATALOG_DIR = Path(__file__).parent / "data" / "models"
@@ -249,50 +247,23 @@ def list_models() -> list[str]:
     return sorted(p.stem for p in CATALOG_DIR.glob("*.toml"))
 
 
-def _validate(raw: dict[str, Any], source: str, keys: dict[str, str] | None = None) -> ModelSpec:
-    """`ModelSpec` of ``raw`` or one `ConfigError` line naming the field to fix; ``keys`` maps
-    `ModelSpec` fields to the file's own key names (an HF config's ``n_embd``)."""
-    try:
-        return ModelSpec.model_validate(raw)
-    except ValidationError as e:
-        first = e.errors()[0]
-        error = first.get("ctx", {}).get("error")
-        if isinstance(error, ShapeError):
-            field, msg = error.field, str(error)
-        else:
-            got = "" if first["type"] == "missing" else f", got {first['input']!r}"
-            field, msg = ".".join(str(x) for x in first["loc"]), first["msg"] + got
-        if keys is None:
-            raise ConfigError(f"{source}: field {field!r}: {msg}") from e
-        raise ConfigError(f"{source}: key {keys.get(field, field)!r}: {msg}") from e
-
-
-def _from_toml(path: Path) -> ModelSpec:
-    try:
-        with path.open("rb") as f:
-            raw = tomllib.load(f)
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"cannot read model file {path}: {e}") from e
-    raw.setdefault("id", path.stem)
-    return _validate(raw, str(path))
-
-
 def load_model(name_or_path: str | Path, *, data_dir: Path | None = None) -> ModelSpec:
     """A model by catalog id, TOML path, HF ``config.json`` path or NeuSight model name."""
     from simulator.hf_config import from_hf_config
+    from simulator.model_files import model_from_toml, read_hf_json
 
     text = str(name_or_path)
     if (CATALOG_DIR / f"{text}.toml").is_file():
-        return _from_toml(CATALOG_DIR / f"{text}.toml")
+        return model_from_toml(CATALOG_DIR / f"{text}.toml")
     path = Path(text)
     if path.suffix == ".toml" and path.is_file():
-        return _from_toml(path)
+        return model_from_toml(path)
     if path.suffix == ".json" and path.is_file():
-        return from_hf_config(_read_json(path), path.stem, str(path))
+        return from_hf_config(read_hf_json(path), path.stem, str(path))
     models_dir = (data_dir or DEFAULT_DATA_DIR) / "models"
     named = models_dir / f"{text}.json"
     if path.suffix == "" and named.is_file():
-        return from_hf_config(_read_json(named), text, str(named))
+        return from_hf_config(read_hf_json(named), text, str(named))
     if path.suffix in {".toml", ".json"}:
         what = "is a folder; give the file" if path.is_dir() else "does not exist"
         raise ConfigError(f"model file {path} {what}")
@@ -304,13 +275,3 @@ def load_model(name_or_path: str | Path, *, data_dir: Path | None = None) -> Mod
         f"unknown model {text!r}: {hint}use a catalog id ({', '.join(list_models())}), a "
         f"NeuSight model name{names} from {models_dir}, or a path to a .toml or HF config .json"
     )
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError) as e:  # ValueError: bad JSON or not UTF-8
-        raise ConfigError(f"cannot read HF config {path}: {e}") from e
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: an HF config is a JSON object")
-    return raw

@@ -7,7 +7,6 @@ writes one PNG; `plot_all` draws them all (``tilesim plot DIR`` redraws from ``r
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -16,12 +15,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
-from matplotlib.axis import Axis
 from matplotlib.text import Annotation
-from matplotlib.ticker import FuncFormatter
 from matplotlib.transforms import offset_copy
 
-from simulator.figures import place_labels, save_figure
+from simulator.figures import place_labels, save_figure, whole_numbers
+from simulator.procurement_panels import draw_panel, procurement_panels
 from simulator.report import (
     RANKING_NAMES,
     TOP_K,
@@ -62,12 +60,6 @@ def time_unit(seconds: float) -> tuple[str, float]:
     return "us", 1e6
 
 
-def _whole_numbers(axis: Axis) -> None:
-    """Tick labels as whole numbers with thousands separators: tokens/s axes read 0.8 ... 1.6
-    under a lone "1e7" in the corner, or 900000 without separators."""
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
-
-
 def titled(rows: Sequence[Row], what: str, study: str = "") -> str:
     """A figure's title: the study and its hardware on a first line (every sweep figure's
     title said what it plots but not of which job on which GPUs), then ``what``."""
@@ -105,12 +97,7 @@ def plot_top_layouts(
         f"bubble {r['bubble_fraction'] or 0.0:.1%}{_ranked_amount(r, by)})"
         for r in top
     ]
-    left = [0.0] * len(top)
-    for part, color in zip(PARTS, COLORS, strict=True):
-        widths = [_breakdown_s(r)[part] * scale for r in top]
-        if any(w > 0 for w in widths):
-            ax.barh(labels, widths, left=left, color=color, label=PART_NAMES[part])
-            left = [a + b for a, b in zip(left, widths, strict=True)]
+    _stack_parts(ax, labels, top, scale)
     ax.set_xlabel(
         f"step time, {unit}: the critical path's compute, exposed communication and optimizer "
         "(bubble: a GPU's mean idle share)"
@@ -118,13 +105,7 @@ def plot_top_layouts(
     what = f"Top {len(top)} layouts by {RANKING_NAMES[by]} (best at the top)"
     if min(k, len(ranked)) > len(top):
         what += f"; the report lists {min(k, len(ranked))}, a figure at most {MAX_BARS}"
-    # options whose layouts lack the ranking's column (no price under --rank cost) are not
-    # among them: say so, or a partly priced study's figure reads as if they lost
-    need = lacking_column(by)
-    lacking = {c for c, (short, _) in unranked_contexts(rows, by).items() if short == need}
-    left_out = sorted({r["option"] for r in rows if r["context"] in lacking})
-    if left_out:
-        what += f"\n{', '.join(left_out)} not ranked: {need}"
+    what += _unranked_note(rows, by)
     ax.set_title(titled(rows, what, study))
     # a fixed 40 points below the axes, under the tick labels and the x label: a fraction of
     # the axes' height lay over the x label when few layouts made the axes short
@@ -134,6 +115,27 @@ def plot_top_layouts(
     )
     ax.tick_params(axis="y", labelsize=7)
     return save_figure(fig, path)
+
+
+def _stack_parts(ax: Axes, labels: list[str], top: Sequence[Row], scale: float) -> None:
+    """One horizontal bar per layout, its step time's parts (`_breakdown_s`) stacked left to
+    right in `PARTS` order; a part no layout has gets no legend entry."""
+    left = [0.0] * len(top)
+    for part, color in zip(PARTS, COLORS, strict=True):
+        widths = [_breakdown_s(r)[part] * scale for r in top]
+        if any(w > 0 for w in widths):
+            ax.barh(labels, widths, left=left, color=color, label=PART_NAMES[part])
+            left = [a + b for a, b in zip(left, widths, strict=True)]
+
+
+def _unranked_note(rows: Sequence[Row], by: str) -> str:
+    """A title line naming the options whose layouts lack the ranking's column (no price
+    under --rank cost), "" when none do: they are not among the bars, and without it a partly
+    priced study's figure reads as if they lost."""
+    need = lacking_column(by)
+    lacking = {c for c, (short, _) in unranked_contexts(rows, by).items() if short == need}
+    left_out = sorted({r["option"] for r in rows if r["context"] in lacking})
+    return f"\n{', '.join(left_out)} not ranked: {need}" if left_out else ""
 
 
 def _pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -170,7 +172,7 @@ def plot_pareto(rows: Sequence[Row], path: Path, *, by: str = "tokens", study: s
     )
     ax.set_xlabel("peak memory per GPU, GiB")
     ax.set_ylabel("tokens/s")
-    _whole_numbers(ax.yaxis)
+    whole_numbers(ax.yaxis)
     what = "Throughput vs memory (faint: screened in closed form; ringed: simulated)"
     ax.set_title(titled(rows, what, study))
     # beside the axes: inside, the six contexts of the procurement study hid screened points
@@ -213,7 +215,7 @@ def plot_scaling(rows: Sequence[Row], path: Path, *, by: str = "tokens", study: 
     ax.set_xticks(sizes, [str(n) for n in sizes])
     ax.set_xlabel("GPUs")
     ax.set_ylabel("best tokens/s")
-    _whole_numbers(ax.yaxis)
+    whole_numbers(ax.yaxis)
     ax.set_title(titled(rows, "Scaling: best layout at each cluster size", study))
     # beside the axes: inside, it covered the lines or the labels of the smallest size
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -221,29 +223,6 @@ def plot_scaling(rows: Sequence[Row], path: Path, *, by: str = "tokens", study: 
     # leaving it, and the largest size's ran past the axes' right edge
     place_labels(fig, labels)
     return save_figure(fig, path)
-
-
-# (unit, scale) choices per quantity, largest first: the first in which the largest value
-# reads as at least 1 is used (a fine-tuning budget's cost read 0.00 million $)
-_DAYS = (("days", 1 / 86400), ("hours", 1 / 3600), ("minutes", 1 / 60), ("s", 1.0))
-_USD = (("million $", 1e-6), ("thousand $", 1e-3), ("$", 1.0))
-_MWH = (("MWh", 1.0), ("kWh", 1e3), ("Wh", 1e6))
-
-
-def _unit(values: list[float | None], units: tuple[tuple[str, float], ...]) -> tuple[str, float]:
-    top = max((v for v in values if v is not None), default=0.0)
-    return next(((u, k) for u, k in units if top * k >= 1), units[-1])
-
-
-@dataclass(frozen=True, slots=True)
-class _Panel:
-    """One panel of the procurement figure: a quantity per option and size."""
-
-    what: str  # the axis label
-    units: tuple[tuple[str, float], ...]  # unit choices (`_unit`)
-    values: list[float | None]  # per entry, SI
-    lacks: str  # what an entry with a best layout but no value lacks ("no price")
-    color: str
 
 
 def plot_procurement(
@@ -254,10 +233,10 @@ def plot_procurement(
     power has no bar in that panel and says so (it was drawn as a bar of zero); so does an
     option and size without a ranked layout (`unranked_contexts`: it was left out)."""
     entries = procurement_entries(rows, by)
-    panels = _procurement_panels(entries)
+    panels = procurement_panels(entries)
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels) + 1.5, 5), squeeze=False)
     for i, (ax, panel) in enumerate(zip(axes[0], panels, strict=True)):
-        _draw_panel(ax, panel, entries)
+        draw_panel(ax, panel, entries)
         if i:
             ax.set_yticks([])
     what = f"Cluster options, best first by {RANKING_NAMES[by]}: the best layout of each"
@@ -269,50 +248,6 @@ def plot_procurement(
         what += "\nbold: the time-vs-cost Pareto front (no other option both faster and cheaper)"
     fig.suptitle(titled(rows, what, study))
     return save_figure(fig, path)
-
-
-def _procurement_panels(entries: list[tuple[str, Row | None, tuple[str, str]]]) -> list[_Panel]:
-    """Time to train (tokens/s without a token budget), then cost and energy where any best
-    layout has them."""
-    best = [r for _, r, _ in entries if r is not None]
-
-    def column(col: str) -> list[float | None]:
-        return [None if r is None else r[col] for _, r, _ in entries]
-
-    panels: list[_Panel] = []
-    if any(r["time_to_train_s"] is not None for r in best):
-        days = column("time_to_train_s")
-        panels.append(_Panel("time to train the token budget", _DAYS, days, "", "#4c72b0"))
-    else:
-        tps = column("tokens_per_s")
-        panels.append(_Panel("throughput", (("tokens/s", 1.0),), tps, "", "#4c72b0"))
-    if any(r["cost_usd"] is not None for r in best):
-        cost = column("cost_usd")
-        panels.append(_Panel("cost (user-supplied prices)", _USD, cost, "no price", "#c44e52"))
-    if any(r["energy_mwh"] is not None for r in best):
-        mwh = column("energy_mwh")
-        panels.append(_Panel("energy (user-supplied power)", _MWH, mwh, "no power", "#55a868"))
-    return panels
-
-
-def _draw_panel(
-    ax: Axes, panel: _Panel, entries: list[tuple[str, Row | None, tuple[str, str]]]
-) -> None:
-    """One panel's bars, top to bottom in the report table's order, each labelled with its
-    amount, or why it has none."""
-    unit, scale = _unit(panel.values, panel.units)
-    values = [None if v is None else v * scale for v in panel.values]
-    bars = ax.barh([ctx for ctx, _, _ in entries], [v or 0.0 for v in values], color=panel.color)
-    ax.invert_yaxis()  # top to bottom in the report table's order, best first
-    texts = [
-        (why if r is None else panel.lacks) if v is None else amount_text(v)
-        for (_, r, (why, _)), v in zip(entries, values, strict=True)
-    ]
-    ax.bar_label(bars, labels=texts, fontsize=8, padding=2)
-    ax.set_xlabel(f"{panel.what}, {unit}")
-    if unit == "tokens/s":
-        _whole_numbers(ax.xaxis)
-    ax.set_xlim(0, max((v for v in values if v is not None), default=0.0) * 1.2 or 1.0)
 
 
 PLOTS: dict[str, Callable[..., Path]] = {

@@ -6,7 +6,8 @@ prompt token; it writes the KV cache and yields each sequence's first output tok
 (`opgraph.Workload` with ``kv_cache``: the inventories' attention over ``past + 1`` keys, the
 cache append, the output head over each sequence's last token). Every pass's kernels are
 forecast in one batched call (`forecast.stream.stream_table`) and summed per pass as
-`e2e.predict_graph` sums a forward. Beyond `MAX_DECODE_SAMPLES` decode passes, that many
+`e2e.predict_graph` sums a forward. Beyond `serve_request.MAX_DECODE_SAMPLES` decode
+passes, that many
 evenly spaced ones are forecast and the rest interpolated linearly between them (a pass's
 time grows smoothly with its context; the steps of FlashAttention's 128-key blocks are
 smaller than the spacing).
@@ -37,40 +38,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from forecast.gpus import GPUSpec
-from forecast.kernels import ITEMSIZE_BYTES, Dtype
+from forecast.kernels import ITEMSIZE_BYTES
 from forecast.predict import LatencyModel
 from forecast.stream import stream_table
 from simulator.e2e import FITTED, Overheads, family_times_s, phase_time_s
-from simulator.errors import ConfigError
 from simulator.memory import GIB, estimate_memory, usable_bytes
-from simulator.models import MAX_SEQ, ModelSpec
-from simulator.opgraph import (
-    MAX_TOKENS,
-    Framework,
-    OpGraph,
-    Phase,
-    Workload,
-    build_ops,
-    on_gpu,
-)
+from simulator.models import ModelSpec
+from simulator.opgraph import OpGraph, Phase, build_ops, on_gpu
 from simulator.serve_parallel import shard, tp_comm_s
+from simulator.serve_request import (
+    ServeRequest,
+    check_request,
+    decode_samples,
+    passes,
+    prefill_pass,
+)
 from topologies import Cluster
-
-
-class ServeRequest(BaseModel):
-    """A batch of generation requests on one GPU."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    batch: int = Field(gt=0, strict=True)
-    prompt: int = Field(gt=0, strict=True)  # tokens per prompt
-    gen: int = Field(gt=0, strict=True)  # tokens generated per sequence (the first by prefill)
-    framework: Framework = "megatron"
-    dtype: Dtype = Dtype.BF16
-    tp: int = Field(default=1, gt=0, strict=True)  # GPUs of one server sharing each layer
 
 
 class ServeResult(BaseModel):
@@ -98,43 +84,9 @@ class ServeResult(BaseModel):
 def kv_cache_bytes(model: ModelSpec, req: ServeRequest) -> float:
     """K and V of every layer for every token a sequence ends with, for the whole batch, in
     the dtype attention reads them in (`opgraph.Workload.kv_dtype`: bf16 for megatron fp8)."""
-    item = ITEMSIZE_BYTES[_prefill(req).kv_dtype]
+    item = ITEMSIZE_BYTES[prefill_pass(req).kv_dtype]
     per_token = 2 * model.total_layers * model.kv_heads * model.dhead * item
     return float(per_token * req.batch * (req.prompt + req.gen))
-
-
-MAX_DECODE_SAMPLES = 256  # decode passes forecast one by one; beyond, interpolated
-
-
-def decode_samples(gen: int) -> list[int]:
-    """The decode passes (1 .. gen - 1) forecast: all of them up to `MAX_DECODE_SAMPLES`,
-    else that many evenly spaced, the first and the last among them."""
-    if gen - 1 <= MAX_DECODE_SAMPLES:
-        return list(range(1, gen))
-    return sorted({int(j) for j in np.rint(np.linspace(1, gen - 1, MAX_DECODE_SAMPLES))})
-
-
-def _prefill(req: ServeRequest) -> Workload:
-    """The prefill pass of ``req``: every prompt token, writing the KV cache."""
-    return Workload(
-        batch=req.batch,
-        seq=req.prompt,
-        mode="inf",
-        framework=req.framework,
-        dtype=req.dtype,
-        kv_cache=True,
-    )
-
-
-def passes(req: ServeRequest) -> list[Workload]:
-    """The prefill pass, then the sampled decode passes (`decode_samples`)."""
-    prefill = _prefill(req)
-    # decode pass j (1 .. gen - 1) feeds token prompt + j - 1 of each sequence
-    decode = [
-        Workload.model_validate({**prefill.model_dump(), "seq": 1, "past": req.prompt + j - 1})
-        for j in decode_samples(req.gen)
-    ]
-    return [prefill, *decode]
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +109,7 @@ def _memory(model: ModelSpec, gpu: GPUSpec, req: ServeRequest) -> ServeMemory:
     it runs on ``gpu`` (`on_gpu`: unfused attention, its scores in memory, where
     FlashAttention-2 has no kernels), as `e2e.predict_run` and ``tilesim predict --mode inf``
     count them (two layers' worth alive, and the last tokens' logits)."""
-    mem = estimate_memory(model, on_gpu(_prefill(req), gpu), gpu)
+    mem = estimate_memory(model, on_gpu(prefill_pass(req), gpu), gpu)
     kv = kv_cache_bytes(model, req)
     return ServeMemory(mem.weights_bytes, kv, mem.activations_bytes)
 
@@ -171,34 +123,6 @@ def max_batch(model: ModelSpec, gpu: GPUSpec, req: ServeRequest) -> int:
     if weights > usable_bytes(gpu):
         return 0
     return int((usable_bytes(gpu) - weights) // per_sequence)
-
-
-def _check(model: ModelSpec, req: ServeRequest, cluster: Cluster | None) -> None:
-    """A `ConfigError` naming the flag where ``req`` cannot be forecast: a sequence past
-    `MAX_SEQ` or the positions, a batch's context past `MAX_TOKENS`, a tp past the server."""
-    context = req.prompt + req.gen - 1  # the position the last decode pass feeds
-    if context > MAX_SEQ:
-        flag = "--prompt" if req.prompt >= req.gen else "--gen"
-        raise ConfigError(
-            f"--prompt {req.prompt} + --gen {req.gen} - 1 = {context:,} tokens a sequence; "
-            f"at most {MAX_SEQ:,} (2^27) are modelled: use a shorter {flag}"
-        )
-    try:
-        model.check_sequence(context)
-    except ConfigError as e:
-        raise ConfigError(f"--prompt + --gen - 1 tokens: {e}") from None
-    if req.batch * context > MAX_TOKENS:
-        raise ConfigError(
-            f"--batch {req.batch}: {req.batch} x {context} tokens of context = "
-            f"{req.batch * context:.3g}; at most {MAX_TOKENS:.3g} (2^40) are modelled, use a "
-            "smaller --batch"
-        )
-    if cluster is not None and req.tp > cluster.server.gpus_per_node:
-        raise ConfigError(
-            f"--tp {req.tp}: tensor parallelism stays inside one {cluster.server.id} "
-            f"({cluster.server.gpus_per_node} GPUs); use --tp {cluster.server.gpus_per_node} "
-            "or fewer"
-        )
 
 
 @dataclass(frozen=True)
@@ -241,7 +165,7 @@ def forecast_passes(
 ) -> PassTimes:
     """Forecast the prefill and the sampled decode passes of ``req`` in one batched kernel
     forecast; ``req.tp > 1`` needs the ``cluster`` of one server its GPUs sit in."""
-    _check(model, req, cluster)
+    check_request(model, req, cluster)
     local = shard(model, req.tp)
     runs = [on_gpu(run, gpu) for run in passes(req)]
     graphs: list[OpGraph] = [build_ops(local, run) for run in runs]

@@ -21,7 +21,8 @@ from matplotlib.text import Annotation
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from simulator.figures import place_labels, save_figure
-from simulator.serve import PassTimes, ServeRequest, ServeResult
+from simulator.serve import PassTimes, ServeResult
+from simulator.serve_request import ServeRequest
 
 MAX_PLOTTED_BATCH = 4096
 

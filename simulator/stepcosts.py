@@ -133,22 +133,12 @@ def step_costs(inputs: SimInputs, layout: Layout, table: LatencyTable) -> StepCo
     run = layout.run
     bt = block_times(shard_kernels(inputs, run), table, run)
     lc = layer_comm(inputs, layout)
-    pp, v = run.pp, layout.chunks
+    pp = run.pp
     chunks, optimizer, gather = [], [], []
     zero3_memo: dict[tuple[Op, float, bool], float] = {}  # one layout: every chunk shares it
     for s in range(pp):
-        row, stage_params, stage_expert = [], 0.0, 0.0
-        for c in range(v):
-            vs = c * pp + s
-            n = layout.layers_per_stage[s][c]
-            ends = (vs == 0, vs == pp * v - 1)
-            params = chunk_params(inputs.model, run, n, first=ends[0], last=ends[1])
-            expert = chunk_expert_params(inputs.model, run, n)
-            stage_params += params
-            stage_expert += expert
-            cost = _chunk_cost(bt, lc, layout, n, ends)
-            row.append(_with_dp(cost, (params, expert), inputs, layout, n, ends, zero3_memo))
-        chunks.append(tuple(row))
+        row, stage_params, stage_expert = _stage_chunks(inputs, layout, s, (bt, lc), zero3_memo)
+        chunks.append(row)
         local = optimizer_params(stage_params, stage_expert, layout)
         optimizer.append(local * bt.adam_s_per_param)
         sharded = run.shards_optimizer and run.zero_stage < 3
@@ -169,6 +159,30 @@ def step_costs(inputs: SimInputs, layout: Layout, table: LatencyTable) -> StepCo
         embedding_sync_s=embedding_grad_sync_s(inputs, layout),
         norm_sync_s=norm_grad_sync_s(inputs, layout),
     )
+
+
+def _stage_chunks(
+    inputs: SimInputs,
+    layout: Layout,
+    s: int,
+    prices: tuple[BlockTimes, LayerComm],
+    memo: dict[tuple[Op, float, bool], float],
+) -> tuple[tuple[ChunkCost, ...], float, float]:
+    """Stage ``s``'s chunk costs, DP communication included, and the parameters one GPU of
+    it holds (total, expert), summed over its chunks; ``memo`` prices ZeRO-3 collectives."""
+    run, pp, v = layout.run, layout.run.pp, layout.chunks
+    row, stage_params, stage_expert = [], 0.0, 0.0
+    for c in range(v):
+        vs = c * pp + s
+        n = layout.layers_per_stage[s][c]
+        ends = (vs == 0, vs == pp * v - 1)
+        params = chunk_params(inputs.model, run, n, first=ends[0], last=ends[1])
+        expert = chunk_expert_params(inputs.model, run, n)
+        stage_params += params
+        stage_expert += expert
+        cost = _chunk_cost(*prices, layout, n, ends)
+        row.append(_with_dp(cost, (params, expert), inputs, layout, n, ends, memo))
+    return tuple(row), stage_params, stage_expert
 
 
 def optimizer_params(params: float, expert: float, layout: Layout) -> float:

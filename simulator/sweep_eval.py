@@ -21,7 +21,8 @@ from forecast.predict import LatencyTable
 from simulator.errors import InfeasibleConfig
 from simulator.parallel import RunConfig
 from simulator.rows import Row, add_training_cost, blank_row, finite_problem
-from simulator.screen import ScreenCache, screen
+from simulator.screen import screen
+from simulator.screen_cache import ScreenCache
 from simulator.simulate import latency_table, simulate
 from simulator.space import Point, Space, point_keys
 from simulator.sweep_table import Context

@@ -11,7 +11,8 @@ from simulator.cli import build_parser
 from simulator.memory import parallel_units, usable_bytes
 from simulator.models import load_model
 from simulator.opgraph import has_flash_attention
-from simulator.serve import ServeRequest, max_batch
+from simulator.serve import max_batch
+from simulator.serve_request import ServeRequest
 
 
 def _per_sequence_bytes(prompt: int, *, scores: bool) -> tuple[float, float]:

@@ -20,8 +20,9 @@ from simulator.latency import latency_model_for
 from simulator.memory import GIB, RESERVED_BYTES, estimate_memory, layer_activation_bytes
 from simulator.models import load_model
 from simulator.opgraph import Workload, on_gpu
-from simulator.serve import ServeRequest, kv_cache_bytes, serve_forecast
+from simulator.serve import kv_cache_bytes, serve_forecast
 from simulator.serve_commands import serve_title
+from simulator.serve_request import ServeRequest
 from tests.support import drawn
 from topologies.measured import Comparison
 from topologies.report import check_table, size_text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -67,6 +68,13 @@ def busbw_figure(clusters: Sequence[tuple[str, int]], measured: Sequence[Measure
                 xs, ys = zip(*c.points, strict=True)
                 ax.scatter(xs, [y / 1e9 for y in ys], color=colour, marker=marker, s=14)
         handles.append(Line2D([], [], color=colour, ls=style, marker=marker, label=label))
+    _label_axes(ax)
+    ax.legend(handles=handles)
+    return fig
+
+
+def _label_axes(ax: Axes) -> None:
+    """Log-log axes of message size (powers of two, in B/KiB/MiB/GiB) and bus bandwidth."""
     ax.set_xscale("log", base=2)
     ax.set_xticks([2.0**k for k in range(10, 34, 3)])
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: size_text(v)))
@@ -78,5 +86,3 @@ def busbw_figure(clusters: Sequence[tuple[str, int]], measured: Sequence[Measure
     ax.set_ylabel("all-reduce bus bandwidth (GB/s, log)")
     ax.set_title("All-reduce bus bandwidth: predicted (lines) vs measured nccl-tests (points)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(handles=handles)
-    return fig

@@ -22,7 +22,8 @@ import simulator.plots as plots
 import simulator.serve_plots as serve_plots
 from simulator.report import markdown_report, procurement_table, rank, top_table
 from simulator.rows import Row
-from simulator.serve import PassTimes, ServeRequest, ServeResult
+from simulator.serve import PassTimes, ServeResult
+from simulator.serve_request import ServeRequest
 from tests.support import drawn, simulated_row
 
 

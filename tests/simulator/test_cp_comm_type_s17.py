@@ -19,7 +19,8 @@ from simulator.context_parallel import blocking_collectives
 from simulator.errors import ConfigError
 from simulator.parallel import RunConfig
 from simulator.scenario import SimInputs, load_scenario, resolve
-from simulator.screen import ScreenCache, screen
+from simulator.screen import screen
+from simulator.screen_cache import ScreenCache
 from simulator.simulate import latency_table, layout_of, simulate
 from simulator.space import enumerate_space
 from simulator.stepcosts import step_costs

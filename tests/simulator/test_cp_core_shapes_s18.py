@@ -20,7 +20,8 @@ from simulator.context_parallel import Counted, schedule_core
 from simulator.dist_memory import stage_memory
 from simulator.parallel import RunConfig
 from simulator.scenario import SimInputs, load_scenario, resolve
-from simulator.screen import ScreenCache, screen
+from simulator.screen import screen
+from simulator.screen_cache import ScreenCache
 from simulator.simulate import latency_table, layout_of, simulate
 from simulator.stagecost import ShardKernels, block_times, shard_kernels
 from simulator.stepcosts import stage_params

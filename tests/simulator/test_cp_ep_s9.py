@@ -12,7 +12,8 @@ from forecast.kernels import ITEMSIZE_BYTES
 from simulator.comm import activation_bytes, collective_s, layer_comm
 from simulator.parallel import RunConfig
 from simulator.scenario import SimInputs, load_scenario, resolve
-from simulator.screen import ScreenCache, _stage_mb_s
+from simulator.screen import _stage_mb_s
+from simulator.screen_cache import ScreenCache
 from simulator.simulate import latency_table, layout_of, simulate
 from simulator.stagecost import block_times, shard_kernels
 from simulator.stepcosts import step_costs

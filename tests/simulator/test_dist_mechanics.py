@@ -23,7 +23,8 @@ from simulator.models import load_model
 from simulator.optimizer_step import ADAM_REF, OPTIMIZER_BYTES_PER_PARAM
 from simulator.parallel import RunConfig
 from simulator.scenario import SimInputs, load_scenario, resolve
-from simulator.screen import ScreenCache, screen
+from simulator.screen import screen
+from simulator.screen_cache import ScreenCache
 from simulator.simulate import latency_table, layout_of, peak_memory, simulate
 from simulator.stagecost import block_times, shard_kernels
 from simulator.stepcosts import stage_params, step_costs, tp_bw_exposed_s

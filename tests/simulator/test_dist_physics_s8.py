@@ -16,7 +16,8 @@ from simulator.errors import ConfigError
 from simulator.models import load_model
 from simulator.parallel import RunConfig
 from simulator.scenario import SimInputs, load_scenario, resolve
-from simulator.screen import ScreenCache, _dp_s, _zero3_gather_scatter_s
+from simulator.screen import _dp_s, _zero3_gather_scatter_s
+from simulator.screen_cache import ScreenCache
 from simulator.shard_params import chunk_params
 from simulator.simulate import latency_table, layout_of, simulate
 from simulator.stagecost import block_times, shard_kernels

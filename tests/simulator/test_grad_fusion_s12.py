@@ -43,7 +43,8 @@ def test_fusion_makes_a_step_faster_and_off_is_the_default() -> None:
 def test_one_screen_cache_tells_fused_from_unfused() -> None:
     """`ScreenCache` memoises block times per shard shape: a run with the adds fused, screened
     after one without on the same cache, gets its own (faster) blocks, as a fresh cache gives."""
-    from simulator.screen import ScreenCache, screen
+    from simulator.screen import screen
+    from simulator.screen_cache import ScreenCache
 
     inputs = resolve(load_scenario(TINY))
     run = load_scenario(TINY).run

@@ -16,7 +16,8 @@ from simulator.memory import RESERVED_BYTES
 from simulator.parallel import RunConfig
 from simulator.scenario import SimInputs, load_scenario, resolve
 from simulator.schedules import in_flight, stage_orders
-from simulator.screen import ScreenCache, _memory
+from simulator.screen import _memory
+from simulator.screen_cache import ScreenCache
 from simulator.simulate import layout_of, peak_memory
 from simulator.stepcosts import stage_params
 

@@ -20,7 +20,8 @@ from simulator.latency import latency_model_for
 from simulator.models import ModelSpec, load_model
 from simulator.moe_routing import expected_experts_hit, experts_hit, split_rows
 from simulator.opgraph import Workload, build_ops
-from simulator.serve import ServeRequest, forecast_passes
+from simulator.serve import forecast_passes
+from simulator.serve_request import ServeRequest
 
 DERATED = latency_model_for("roofline-derated")
 

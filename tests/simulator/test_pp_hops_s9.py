@@ -80,7 +80,8 @@ def test_dp_and_cp_groups_priced_are_the_widest() -> None:
 
 
 def test_screen_and_simulation_price_the_same_widest_groups() -> None:
-    from simulator.screen import ScreenCache, screen
+    from simulator.screen import screen
+    from simulator.screen_cache import ScreenCache
     from simulator.simulate import latency_table, simulate
 
     inputs = _inputs("cluster.num_gpus=12", "training.global_batch_size=24")

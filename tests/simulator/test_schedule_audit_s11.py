@@ -14,7 +14,8 @@ from simulator.results import forward_flops_per_token
 from simulator.scenario import load_scenario, resolve
 from simulator.scheduler import schedule
 from simulator.schedules import SCHEDULES, in_flight
-from simulator.screen import ScreenCache, screen
+from simulator.screen import screen
+from simulator.screen_cache import ScreenCache
 from simulator.simulate import latency_table, simulate, simulate_timeline
 from simulator.space import find_scenario
 from simulator.task_costs import ChunkCost, StepCosts

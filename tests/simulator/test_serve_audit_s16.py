@@ -16,7 +16,8 @@ from forecast.kernels import Dtype
 from simulator.latency import latency_model_for
 from simulator.memory import GIB
 from simulator.models import load_model
-from simulator.serve import ServeRequest, serve_forecast
+from simulator.serve import serve_forecast
+from simulator.serve_request import ServeRequest
 from topologies import collective_estimate
 from topologies.catalog import load_cluster
 

@@ -15,11 +15,13 @@ import numpy as np
 import pytest
 
 import simulator.serve as serve
+import simulator.serve_request as serve_request
 from forecast.gpus import load_gpu
 from simulator.cli import main
 from simulator.models import MAX_SEQ, load_model
-from simulator.serve import ServeRequest, serve_forecast
+from simulator.serve import serve_forecast
 from simulator.serve_commands import serve_text, serve_title
+from simulator.serve_request import ServeRequest
 
 H100 = "h100-sxm5-80gb"
 SERVE = ["serve", "--model", "tiny-gpt", "--gpu", H100, "--latency-model", "roofline-derated"]
@@ -81,7 +83,7 @@ def test_decode_sum_is_the_interpolated_sum_in_closed_form() -> None:
     """`PassTimes.all_decode` summed ``np.interp`` over an array of every decode pass; the
     closed form (each segment's trapezoid over its whole-number passes) agrees with it."""
     req = ServeRequest(batch=1, prompt=8, gen=1000)
-    passes = serve.decode_samples(req.gen)
+    passes = serve_request.decode_samples(req.gen)
     rng = np.random.default_rng(0)
     values = list(rng.uniform(1.0, 2.0, len(passes)))
     p = serve.PassTimes(req, load_model("tiny-gpt"), passes, [0.0, *values], [], [])

@@ -21,7 +21,8 @@ from simulator.latency import latency_model_for
 from simulator.memory import gemm_weights
 from simulator.models import ModelSpec, load_model
 from simulator.opgraph import OpGraph, Workload, build_ops
-from simulator.serve import ServeRequest, forecast_passes, kv_cache_bytes, serve_forecast
+from simulator.serve import forecast_passes, kv_cache_bytes, serve_forecast
+from simulator.serve_request import ServeRequest
 
 H100 = "h100-sxm5-80gb"
 DERATED = latency_model_for("roofline-derated")

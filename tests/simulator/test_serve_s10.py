@@ -13,6 +13,7 @@ import pytest
 
 import simulator.serve as serve
 import simulator.serve_parallel as serve_parallel
+import simulator.serve_request as serve_request
 from forecast.gpus import load_gpu
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from simulator.cli import main
@@ -20,7 +21,8 @@ from simulator.errors import ConfigError
 from simulator.latency import latency_model_for
 from simulator.models import load_model
 from simulator.opgraph import Phase, Workload, build_ops
-from simulator.serve import ServeRequest, kv_cache_bytes, serve_forecast
+from simulator.serve import kv_cache_bytes, serve_forecast
+from simulator.serve_request import ServeRequest
 
 H100 = "h100-sxm5-80gb"
 TC = latency_model_for("auto")
@@ -128,10 +130,11 @@ def test_long_generations_interpolate_between_sampled_passes(
 ) -> None:
     m, gpu = load_model("tiny-gpt"), load_gpu(H100)
     req = ServeRequest(batch=2, prompt=16, gen=300)
-    monkeypatch.setattr(serve, "MAX_DECODE_SAMPLES", 1000)
+    monkeypatch.setattr(serve_request, "MAX_DECODE_SAMPLES", 1000)
     exact = serve_forecast(m, gpu, req, DERATED)
-    monkeypatch.setattr(serve, "MAX_DECODE_SAMPLES", 40)
-    assert len(serve.decode_samples(300)) == 40 and serve.decode_samples(300)[::39] == [1, 299]
+    monkeypatch.setattr(serve_request, "MAX_DECODE_SAMPLES", 40)
+    samples = serve_request.decode_samples(300)
+    assert len(samples) == 40 and samples[::39] == [1, 299]
     approx = serve_forecast(m, gpu, req, DERATED)
     assert approx.decode_ms == pytest.approx(exact.decode_ms, rel=1e-3)
     assert approx.last_decode_ms == exact.last_decode_ms
@@ -183,7 +186,7 @@ def test_cli_bad_input_is_one_line_exit_2(
 
 
 def test_phase_of_serving_passes_is_forward_only() -> None:
-    for run in serve.passes(ServeRequest(batch=1, prompt=8, gen=3)):
+    for run in serve_request.passes(ServeRequest(batch=1, prompt=8, gen=3)):
         graph = build_ops(load_model("tiny-gpt"), run)
         assert {op.phase for op in graph.ops} == {Phase.FORWARD}
 

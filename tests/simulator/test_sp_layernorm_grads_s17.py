@@ -25,7 +25,8 @@ from simulator.finalize_grads import norm_grad_bytes, norm_grad_sync_s
 from simulator.parallel import RunConfig
 from simulator.scenario import SimInputs, load_scenario, resolve
 from simulator.scheduler import critical_path, schedule
-from simulator.screen import ScreenCache, screen
+from simulator.screen import screen
+from simulator.screen_cache import ScreenCache
 from simulator.simulate import latency_table, layout_of, simulate
 from simulator.stepcosts import step_costs
 

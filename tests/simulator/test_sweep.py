@@ -22,7 +22,8 @@ from simulator.report import procurement_table, rank
 from simulator.saved_rows import load_rows
 from simulator.scenario import load_scenario, resolve
 from simulator.schedules import SCHEDULES, in_flight
-from simulator.screen import ScreenCache, screen
+from simulator.screen import screen
+from simulator.screen_cache import ScreenCache
 from simulator.simulate import latency_table, simulate
 from simulator.space import enumerate_space, find_scenario
 from simulator.sweep import RayOptions, ray_session, run_sweep

@@ -12,7 +12,8 @@ import pytest
 
 from simulator.comm import dp_grad_s
 from simulator.scenario import load_scenario, resolve
-from simulator.screen import ScreenCache, screen
+from simulator.screen import screen
+from simulator.screen_cache import ScreenCache
 from simulator.simulate import latency_table, layout_of, simulate_timeline
 from simulator.space import find_scenario
 from simulator.stepcosts import stage_params
