@@ -125,7 +125,7 @@ def _nvls_phase(op: Op, nbytes: float, g: GroupLinks) -> Phase | None:
     n = g.ranks_per_node
     wire = nbytes if op == "all-reduce" else nbytes * (n - 1) / n
     bw = g.intra_line_bw_bytes_per_s * g.nvls.efficiency
-    return Phase(wire, bw, g.nvls.latency_s, g.nvls.latency_s)
+    return Phase(wire, bw, g.nvls.latency_s, g.nvls.fill_depth_s)
 
 
 def _inter_phase(op: Op, nbytes: float, g: GroupLinks) -> Phase:
