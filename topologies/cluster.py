@@ -9,12 +9,14 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import networkx as nx
 
 from topologies.mesh import all_to_all_share, group_share
 from topologies.spec import ClusterSpec, LinkTier, NVLSSpec, TierKind, TopologyError
+from topologies.spine import SpineSlowdown, spine_slowdown
 
 MEGATRON_ORDER: tuple[str, ...] = ("tp", "dp", "pp")
 
@@ -28,6 +30,9 @@ class GroupLinks:
     PCIe server no more than those ranks' x16 links carry, since the NICs hang off them).
     ``nic_on_intra_link``: a GPU reaches its NIC over the same link it reaches its peers by
     (a PCIe-only server: one x16 link carries both), so intra and inter traffic add up.
+    ``spine``: how much an oversubscribed leaf-spine tier slows each traffic pattern of this
+    group (ring, tree, all-to-all), given where its nodes sit; ``inter_bw_bytes_per_s`` is
+    before it (`inter_bw_for` after).
     ``a2a_intra_bw_bytes_per_s``: the rate at which a rank's in-node all-to-all traffic drains
     where that is not the ring rate (a mesh whose pairs differ in links, or have none:
     `topologies.mesh.all_to_all_share`); None on a switch or a PCIe fabric, where the GPU's one
@@ -46,6 +51,12 @@ class GroupLinks:
     nvls: NVLSSpec | None
     nic_on_intra_link: bool = False
     a2a_intra_bw_bytes_per_s: float | None = None
+    spine: SpineSlowdown = field(default_factory=SpineSlowdown)
+
+    def inter_bw_for(self, pattern: Literal["ring", "tree", "all_to_all"]) -> float:
+        """``inter_bw_bytes_per_s`` less what an oversubscribed spine takes from ``pattern``'s
+        traffic (`topologies.spine`)."""
+        return self.inter_bw_bytes_per_s / getattr(self.spine, pattern)
 
 
 class Cluster:
@@ -157,6 +168,11 @@ class Cluster:
             nvls=self.server.nvls if self.server.fabric == "nvswitch" else None,
             nic_on_intra_link=self.server.fabric == "pcie",
             a2a_intra_bw_bytes_per_s=a2a_bw,
+            spine=spine_slowdown(
+                {n: len(ls) for n, ls in per_node.items()},
+                self.spec.nodes_per_leaf,
+                self.spec.oversubscription,
+            ),
         )
 
     def _inter_bw(self, per_node: dict[int, list[int]]) -> float:
@@ -168,10 +184,6 @@ class Cluster:
             len(ls) * min(self._scale("inter", n, lr) for lr in ls) for n, ls in per_node.items()
         )
         bw = min(worst * nic_per_gpu, self.server.nics_per_node) * link.effective_bw_bytes_per_s
-        # the group's traffic crosses the spine when its nodes sit under two leaf groups (as
-        # `to_graph` wires them: node // nodes_per_leaf), however few nodes it has
-        if len({n // self.spec.nodes_per_leaf for n in per_node}) > 1:
-            bw /= self.spec.oversubscription
         if self.server.fabric == "pcie":  # NIC traffic crosses each GPU's one x16 link too
             x16 = self.server.intra.effective_bw_bytes_per_s
             bw = min(

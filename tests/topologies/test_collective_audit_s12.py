@@ -314,15 +314,18 @@ def test_strided_group_times() -> None:
 
 
 def test_oversubscription_divides_only_the_network_term() -> None:
-    # 4 nodes, 2 per leaf group, 2:1: a group whose nodes sit under two leaves crosses the spine
+    # 4 nodes, 2 per leaf group, 4:1: a ring over the 4 nodes sends one of each leaf's two
+    # streams up (share 1/2), so the spine slows it 4 x 1/2 = 2x; at 2:1 it keeps its rate
     flat = _cluster("dgx-a100", 4, nodes_per_leaf=2)
-    over = _cluster("dgx-a100", 4, nodes_per_leaf=2, oversubscription=2.0)
+    over = _cluster("dgx-a100", 4, nodes_per_leaf=2, oversubscription=4.0)
+    mild = _cluster("dgx-a100", 4, nodes_per_leaf=2, oversubscription=2.0)
     nic, b = _nic(flat), _intra(flat)
     across = _strided(4, 1)
     assert _t("all-reduce", S, across, over, "ring") == pytest.approx(2 * 3 / 4 * S / (nic / 2))
+    assert _t("all-reduce", S, across, mild, "ring") == _t("all-reduce", S, across, flat, "ring")
     assert _t("all-reduce", S, [0, 8], over) == _t("all-reduce", S, [0, 8], flat)  # one leaf
     assert _t("all-reduce", S, range(8), over) == _t("all-reduce", S, range(8), flat)
-    # hierarchical over all 32 GPUs: the NVLink phases keep their rate
+    # hierarchical over all 32 GPUs: the NVLink phases keep their rate, the rail rings pay 2x
     inter_s = 2 * 3 / 4 * (S / 8) / nic
     intra_s = 2 * 7 / 8 * S / b
     for c, scale in ((flat, 1.0), (over, 2.0)):
