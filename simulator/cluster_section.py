@@ -42,6 +42,12 @@ class ClusterSection(BaseModel):
     )
     gpus_per_node: int | None = Field(default=None, gt=0, description="default: the server's")
     nics_per_node: int | None = Field(default=None, ge=0, description="default: the server's")
+    nodes_per_leaf: int = Field(
+        default=32, gt=0, description="nodes under one leaf switch group (SuperPOD SU: 32)"
+    )
+    oversubscription: float = Field(
+        default=1.0, ge=1, description="leaf down:up bandwidth ratio (1 = non-blocking fat tree)"
+    )
 
 
 def beside_scenario(base_dir: str, ref: str) -> str:
@@ -81,7 +87,14 @@ def resolve_cluster(c: ClusterSection, base_dir: str = ".") -> Cluster:
         raise ConfigError(f"cluster.network: {e}") from e
     if nodes > 1 and net is None:
         raise ConfigError(f"cluster.network: {nodes} nodes need a network id")
-    return Cluster(ClusterSpec(server=server, network=net, num_nodes=nodes))
+    spec = ClusterSpec(
+        server=server,
+        network=net,
+        num_nodes=nodes,
+        nodes_per_leaf=c.nodes_per_leaf,
+        oversubscription=c.oversubscription,
+    )
+    return Cluster(spec)
 
 
 def _with_counts(server: ServerSpec, update: dict[str, Any]) -> ServerSpec:

@@ -78,9 +78,9 @@ def ring(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
     if g.num_nodes == 1:
         bw = g.intra_bw_bytes_per_s
     elif g.ranks_per_node == 1:
-        bw = g.inter_bw_bytes_per_s
+        bw = g.inter_bw_for("ring")
     else:
-        bw = min(g.intra_bw_bytes_per_s, g.inter_bw_bytes_per_s)
+        bw = min(g.intra_bw_bytes_per_s, g.inter_bw_for("ring"))
     steps = _ring_steps(op, g.size)
     inter = (steps // (g.size - 1)) * (g.num_nodes - 1)
     latency = (steps - inter) * g.intra_latency_s + inter * g.inter_latency_s
@@ -113,7 +113,7 @@ def tree(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
     hops_inter = 2 * math.ceil(math.log2(g.num_nodes)) if g.num_nodes > 1 else 0
     bw = g.intra_bw_bytes_per_s if g.ranks_per_node > 1 else math.inf
     if g.num_nodes > 1:
-        bw = min(bw, g.inter_bw_bytes_per_s * 2 / _tree_node_sends(g.num_nodes))
+        bw = min(bw, g.inter_bw_for("tree") * 2 / _tree_node_sends(g.num_nodes))
     latency = hops_intra * g.intra_latency_s + hops_inter * g.inter_latency_s
     hops = max(1, hops_intra + hops_inter)
     return [Phase(2 * nbytes, bw, latency, latency * (hops - 1) / hops)]
@@ -125,7 +125,7 @@ def _nvls_phase(op: Op, nbytes: float, g: GroupLinks) -> Phase | None:
     n = g.ranks_per_node
     wire = nbytes if op == "all-reduce" else nbytes * (n - 1) / n
     bw = g.intra_line_bw_bytes_per_s * g.nvls.efficiency
-    return Phase(wire, bw, g.nvls.latency_s, g.nvls.latency_s)
+    return Phase(wire, bw, g.nvls.latency_s, g.nvls.fill_depth_s)
 
 
 def _inter_phase(op: Op, nbytes: float, g: GroupLinks) -> Phase:
@@ -133,7 +133,7 @@ def _inter_phase(op: Op, nbytes: float, g: GroupLinks) -> Phase:
 
     On a PCIe server the NIC traffic crosses the GPU's one x16 link, so it cannot overlap the
     intra-node phases (it runs on link "intra")."""
-    per_rank_bw = g.inter_bw_bytes_per_s / g.ranks_per_node
+    per_rank_bw = g.inter_bw_for("ring") / g.ranks_per_node
     p = _ring_phase(op, nbytes / g.ranks_per_node, g.num_nodes, per_rank_bw, g.inter_latency_s)
     link = "intra" if g.nic_on_intra_link else "inter"
     return Phase(p.wire_bytes, p.bw_bytes_per_s, p.latency_s, p.depth_s, link=link)
@@ -150,7 +150,7 @@ def _two_level(op: Op, nbytes: float, g: GroupLinks, intra: list[Phase]) -> list
 
 def _tree_inter_phase(nbytes: float, g: GroupLinks) -> Phase:
     """NVLS_TREE's network part: one double binary tree per rail, each on S / ranks_per_node."""
-    per_rank_bw = g.inter_bw_bytes_per_s / g.ranks_per_node
+    per_rank_bw = g.inter_bw_for("tree") / g.ranks_per_node
     wire = _tree_node_sends(g.num_nodes) * nbytes / g.ranks_per_node
     hops = 2 * math.ceil(math.log2(g.num_nodes))
     latency = hops * g.inter_latency_s
@@ -197,14 +197,14 @@ def direct(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
         if g.num_nodes == 1:
             bw = g.intra_bw_bytes_per_s
             return [Phase(nbytes, bw, g.intra_latency_s, 0.0)]
-        bw = g.inter_bw_bytes_per_s / g.ranks_per_node
+        bw = g.inter_bw_for("ring") / g.ranks_per_node  # one stream: a ring of two
         return [Phase(nbytes, bw, g.inter_latency_s, 0.0)]
     n, ppn = g.size, g.ranks_per_node
     intra_bw = g.a2a_intra_bw_bytes_per_s or g.intra_bw_bytes_per_s  # a mesh: per-pair links
     intra_s = nbytes * (ppn - 1) / n / intra_bw if ppn > 1 else 0.0
     inter_s = 0.0
     if g.num_nodes > 1:
-        inter_s = nbytes * (n - ppn) / n / (g.inter_bw_bytes_per_s / ppn)
+        inter_s = nbytes * (n - ppn) / n / (g.inter_bw_for("all_to_all") / ppn)
     wire = nbytes * (n - 1) / n
     bw = wire / (intra_s + inter_s if g.nic_on_intra_link else max(intra_s, inter_s))
     latency = (ppn - 1) * g.intra_latency_s + (g.num_nodes - 1) * g.inter_latency_s

@@ -9,13 +9,15 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import networkx as nx
 
 from topologies.mesh import all_to_all_share, group_share
 from topologies.nics import gpu_inter_bw, link_scale, nic_of, nic_scale
 from topologies.spec import ClusterSpec, LinkTier, NVLSSpec, TierKind, TopologyError
+from topologies.spine import SpineSlowdown, spine_slowdown
 
 MEGATRON_ORDER: tuple[str, ...] = ("tp", "dp", "pp")
 
@@ -30,6 +32,9 @@ class GroupLinks:
     than its PCIe link, the GPU no faster than its own).
     ``nic_on_intra_link``: a GPU reaches its NIC over the same link it reaches its peers by
     (a PCIe-only server: one x16 link carries both), so intra and inter traffic add up.
+    ``spine``: how much an oversubscribed leaf-spine tier slows each traffic pattern of this
+    group (ring, tree, all-to-all), given where its nodes sit; ``inter_bw_bytes_per_s`` is
+    before it (`inter_bw_for` after).
     ``a2a_intra_bw_bytes_per_s``: the rate at which a rank's in-node all-to-all traffic drains
     where that is not the ring rate (a mesh whose pairs differ in links, or have none:
     `topologies.mesh.all_to_all_share`); None on a switch or a PCIe fabric, where the GPU's one
@@ -48,6 +53,12 @@ class GroupLinks:
     nvls: NVLSSpec | None
     nic_on_intra_link: bool = False
     a2a_intra_bw_bytes_per_s: float | None = None
+    spine: SpineSlowdown = field(default_factory=SpineSlowdown)
+
+    def inter_bw_for(self, pattern: Literal["ring", "tree", "all_to_all"]) -> float:
+        """``inter_bw_bytes_per_s`` less what an oversubscribed spine takes from ``pattern``'s
+        traffic (`topologies.spine`)."""
+        return self.inter_bw_bytes_per_s / getattr(self.spine, pattern)
 
 
 class Cluster:
@@ -155,6 +166,11 @@ class Cluster:
             nvls=self.server.nvls if self.server.fabric == "nvswitch" else None,
             nic_on_intra_link=self.server.fabric == "pcie",
             a2a_intra_bw_bytes_per_s=a2a_bw,
+            spine=spine_slowdown(
+                {n: len(ls) for n, ls in per_node.items()},
+                self.spec.nodes_per_leaf,
+                self.spec.oversubscription,
+            ),
         )
 
     def _inter_bw(self, per_node: dict[int, list[int]]) -> float:
@@ -162,14 +178,8 @@ class Cluster:
         (`topologies.nics.gpu_inter_bw`), the least over its nodes."""
         if len(per_node) < 2 or self.network is None:
             return 0.0
-        spine = 1.0
-        # the group's traffic crosses the spine when its nodes sit under two leaf groups (as
-        # `to_graph` wires them: node // nodes_per_leaf), however few nodes it has
-        if len({n // self.spec.nodes_per_leaf for n in per_node}) > 1:
-            spine = self.spec.oversubscription
         return min(
-            len(ls) * min(gpu_inter_bw(self.spec, n, lr, spine) for lr in ls)
-            for n, ls in per_node.items()
+            len(ls) * min(gpu_inter_bw(self.spec, n, lr) for lr in ls) for n, ls in per_node.items()
         )
 
     def to_graph(self) -> nx.Graph:

@@ -9,7 +9,7 @@ tuner does with its own model. A group of one rank costs 0 s (and has no bandwid
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from topologies.algorithms import ALGORITHMS, OPS, Op, Phase, ring_bytes_per_rank
@@ -32,24 +32,42 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Protocol:
-    """An NCCL protocol: bandwidth and per-step latency relative to Simple."""
+    """An NCCL protocol: bandwidth and per-step latency relative to Simple, and NCCL's base
+    latency per algorithm (the fixed cost of one kernel under this protocol, before any step)."""
 
     name: str
     bw_factor: float
     latency_factor: float
     pipelined: bool
+    base_latency_s: Mapping[str, float]
 
+    def base_s(self, algorithm: str) -> float:
+        """NCCL's ``baseLatencies`` entry for ``algorithm``; 0 where NCCL has none."""
+        return self.base_latency_s.get(algorithm, 0.0)
+
+
+# NCCL src/graph/tuning.cc baseLatencies (collectives.md section 3), seconds. Ring and tree
+# kernels pay them; NVLS and NVLS_TREE have 0 (their cost is the switch round, `NVLSSpec`);
+# the hierarchical ring is a ring kernel; direct (all-to-all, send/recv) runs NCCL's p2p path,
+# which the tuner does not price (0).
+_BASE_SIMPLE = {"ring": 8.4e-6, "tree": 8.4e-6, "hierarchical": 8.4e-6}
+_BASE_LL = {"ring": 6.6e-6, "tree": 6.8e-6, "hierarchical": 6.6e-6}
+_BASE_LL128 = {"ring": 14.0e-6, "tree": 14.0e-6, "hierarchical": 14.0e-6}
 
 PROTOCOLS: dict[str, Protocol] = {
-    "simple": Protocol("simple", 1.0, 1.0, pipelined=True),
+    "simple": Protocol("simple", 1.0, 1.0, pipelined=True, base_latency_s=_BASE_SIMPLE),
     # LL: 4 B data + 4 B flag per 8 B, so at most half the bandwidth (NCCL's ring LL busBw =
-    # 0.5 x busBw); 0.35 is fitted inside the measured 25-50 % of peak (collectives.md
-    # section 4): 0.5 over-predicts the Azure 1-8 MiB all-reduce points by up to 30 %.
-    # Per-hop latency about 1/5 of Simple in NCCL's hwLatencies (NVLink 0.6 vs 3.4 us,
-    # NET 2.7 vs 14 us).
-    "ll": Protocol("ll", 0.35, 0.2, pipelined=False),
+    # min(llMaxBw, 0.5 x busBw)); 0.35 is fitted inside the measured 25-50 % of peak
+    # (collectives.md section 4): 0.5 over-predicts the Azure 1-8 MiB all-reduce points by up
+    # to 30 %, and the ZeRO-3 Megatron anchors (LL rings over 100+ nodes, where NCCL's llMaxBw
+    # cap binds) by up to 25 %. Per-hop latency about 1/5 of Simple in NCCL's hwLatencies
+    # (NVLink 0.6 vs 3.4 us, NET 2.7 vs 14 us).
+    "ll": Protocol("ll", 0.35, 0.2, pipelined=False, base_latency_s=_BASE_LL),
+    # LL128: 120 B data + 8 B flag per 128 B; NCCL prices its busBw at 0.92 x Simple's and its
+    # NVLink ring hop at 1.9 us against Simple's 3.4 (0.56; NET 4.0 vs 14: 0.29, PCI 2.5 vs 5.7:
+    # 0.44; the NVLink ratio is taken, the fabric LL128 is best on, collectives.md section 4)
+    "ll128": Protocol("ll128", 0.92, 0.56, pipelined=True, base_latency_s=_BASE_LL128),
 }
-# Algorithms that run only with the Simple protocol (NCCL: NVLS is Simple-only).
 SIMPLE_ONLY = frozenset({"nvls"})
 
 
@@ -92,7 +110,7 @@ def busbw_factor(op: Op, n: int) -> float:
     return 1.0
 
 
-def _phases_s(phases: list[Phase], proto: Protocol) -> float:
+def _phases_s(phases: list[Phase], proto: Protocol, *, base_s: float = 0.0) -> float:
     """Latencies add; data on the same link adds; different links overlap (one pipeline)."""
     latency = sum(p.latency_s for p in phases) * proto.latency_factor
     per_link: dict[str, float] = {}
@@ -107,7 +125,7 @@ def _phases_s(phases: list[Phase], proto: Protocol) -> float:
     last_step_s = max((p.latency_s - p.depth_s for p in phases), default=0.0)
     depth = max(0.0, sum(p.latency_s for p in phases) - last_step_s)
     pipe_s = 2 * math.sqrt(depth * data_s) if proto.pipelined and data_s < math.inf else 0.0
-    return latency + data_s + pipe_s
+    return base_s + latency + data_s + pipe_s
 
 
 def _best_for(name: str, op: Op, nbytes: float, g: GroupLinks) -> tuple[float, str] | None:
@@ -115,7 +133,7 @@ def _best_for(name: str, op: Op, nbytes: float, g: GroupLinks) -> tuple[float, s
     if phases is None:
         return None
     protos = [PROTOCOLS["simple"]] if name in SIMPLE_ONLY else list(PROTOCOLS.values())
-    return min((_phases_s(phases, pr), pr.name) for pr in protos)
+    return min((_phases_s(phases, pr, base_s=pr.base_s(name)), pr.name) for pr in protos)
 
 
 def _check(op: str, nbytes: float, algorithm: str) -> None:

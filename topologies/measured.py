@@ -16,11 +16,14 @@ from typing import Any
 
 from topologies.spec import TopologyError
 
-# gpu id in microbenchmarks.json -> server id
-_SERVER_OF_GPU = {"a100-sxm4-80gb": "dgx-a100", "h200-sxm-141gb": "hgx-h200"}
+# gpu id in microbenchmarks.json -> (server id, algorithm the harness used). collectives.md 5.1:
+# the Azure harness runs "NCCL AllReduce (NVLS algorithm)" on A100/H100/H200 (A100 has no NVLS:
+# NCCL's default choice, auto) and the ring on GB200; microbenchmarks.json's H200 record says
+# "NVSwitch (NVLS)". Forcing NVLS matters below ~2 MiB, where NCCL's own tuner takes ring/LL.
+_SERVER_OF_GPU = {"a100-sxm4-80gb": ("dgx-a100", "auto"), "h200-sxm-141gb": ("hgx-h200", "nvls")}
 # column of the collectives.md 5.1 table -> (server id, GPUs, algorithm the harness used)
-_TABLE_COLUMNS = {1: ("dgx-a100", 8, "auto"), 2: ("dgx-h100", 8, "auto"),
-                  3: ("hgx-h200", 8, "auto"), 4: ("gb200-nvl72", 4, "ring")}  # fmt: skip
+_TABLE_COLUMNS = {1: ("dgx-a100", 8, "auto"), 2: ("dgx-h100", 8, "nvls"),
+                  3: ("hgx-h200", 8, "nvls"), 4: ("gb200-nvl72", 4, "ring")}  # fmt: skip
 _UNITS = {"KB": 2**10, "MB": 2**20, "GB": 2**30}
 
 
@@ -65,9 +68,10 @@ def _from_microbenchmarks(path: Path) -> list[MeasuredCurve]:
     curves = []
     for rec in records:
         gpu, raw = rec.get("gpu"), rec.get("nccl_allreduce_8gpu")
-        server = _SERVER_OF_GPU.get(gpu) if isinstance(gpu, str) else None
-        if server is None or raw is None:
+        tagged = _SERVER_OF_GPU.get(gpu) if isinstance(gpu, str) else None
+        if tagged is None or raw is None:
             continue
+        server, algorithm = tagged
         where = f"{path}: gpu {gpu} nccl_allreduce_8gpu"
         if not isinstance(raw, list) or not raw or not all(isinstance(p, dict) for p in raw):
             raise TopologyError(f"{where}: expected a non-empty list of measured points")
@@ -78,7 +82,7 @@ def _from_microbenchmarks(path: Path) -> list[MeasuredCurve]:
             )
             for i, p in enumerate(raw)
         )
-        curves.append(MeasuredCurve(server, 8, "auto", pts, f"{path.name}: {rec.get('system')}"))
+        curves.append(MeasuredCurve(server, 8, algorithm, pts, f"{path.name}: {rec.get('system')}"))
     return curves
 
 

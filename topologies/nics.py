@@ -53,11 +53,10 @@ def pcie_bw(server: ServerSpec) -> float | None:
     return None
 
 
-def gpu_inter_bw(spec: ClusterSpec, node: int, local: int, spine: float = 1.0) -> float:
+def gpu_inter_bw(spec: ClusterSpec, node: int, local: int) -> float:
     """Network bandwidth one GPU gets, effective, one direction, all GPUs sending at once: its
     share (``nics / gpus``) of the NIC it uses, that NIC at the lesser of its port rate and its
-    PCIe link (shared by the GPUs behind it), divided by ``spine`` (the fat tree's
-    oversubscription where the traffic crosses it), and no more than the GPU's own PCIe link
+    PCIe link (shared by the GPUs behind it), and no more than the GPU's own PCIe link
     carries (on a PCIe server scaled by its ``intra`` degradation: it is that link)."""
     if spec.network is None:
         return 0.0
@@ -65,7 +64,7 @@ def gpu_inter_bw(spec: ClusterSpec, node: int, local: int, spine: float = 1.0) -
     nic = spec.network.link.effective_bw_bytes_per_s * nic_scale(spec, node, local)
     if pcie is not None:
         nic = min(nic, pcie)
-    bw = nic * srv.nics_per_node / srv.gpus_per_node / spine
+    bw = nic * srv.nics_per_node / srv.gpus_per_node
     if pcie is not None:
         own = link_scale(spec, "intra", node, local) if srv.fabric == "pcie" else 1.0
         bw = min(bw, pcie * own)

@@ -54,8 +54,23 @@ class LinkTier(_Frozen):
 class NVLSSpec(_Frozen):
     """NVLink SHARP (in-switch reduction and multicast) on NVSwitch gen3+ fabrics."""
 
-    latency_s: _Latency = Field(description="one switch round trip")
+    latency_s: _Latency = Field(
+        description="fixed cost of one NVLS call (NCCL's NVLS NVLink latency, no base)"
+    )
+    fill_depth_s: _Latency = Field(
+        description="chunk-pipeline depth of one switch round (mid-size ramp), <= latency_s"
+    )
     efficiency: _Efficiency = Field(description="achieved algbw / per-GPU line rate")
+
+    @model_validator(mode="after")
+    def _depth_fits(self) -> NVLSSpec:
+        """A chunk's fill depth is part of the call's latency, never more."""
+        if self.fill_depth_s > self.latency_s:
+            raise ValueError(
+                f"fill_depth_s = {self.fill_depth_s} must be at most latency_s = "
+                f"{self.latency_s} (the depth is part of the latency); fix either"
+            )
+        return self
 
 
 class ServerSpec(_Frozen):

@@ -31,6 +31,7 @@ from topologies import (
     load_cluster,
     load_network,
 )
+from topologies.collectives import PROTOCOLS
 
 GPU_FILES = sorted(CATALOG_DIR.glob("*.toml"))
 EIGHT_GPU_SERVERS = [s.id for s in list_servers() if s.gpus_per_node == 8]
@@ -227,9 +228,11 @@ def test_all_reduce_is_about_reduce_scatter_plus_all_gather(server: str) -> None
             s = 2.0**k
             ring = [_t(op, s, range(gpus), c, "ring") for op in OPS[:3]]
             auto = [_t(op, s, range(gpus), c) for op in OPS[:3]]
-            # one ring all-reduce = a ring reduce-scatter then a ring all-gather, one launch less
+            # one ring all-reduce = a ring reduce-scatter then a ring all-gather, one launch and
+            # one NCCL base latency less (the protocols the three pick may differ)
             assert ring[0] <= 1.002 * (ring[1] + ring[2])
-            assert ring[0] >= ring[1] + ring[2] - c.server.launch_latency_s - 1e-12
+            fixed_s = c.server.launch_latency_s + max(p.base_s("ring") for p in PROTOCOLS.values())
+            assert ring[0] >= ring[1] + ring[2] - fixed_s - 1e-12
             if k >= 36:
                 assert ring[0] == pytest.approx(ring[1] + ring[2], rel=2e-3)
             # all-reduce can always run as RS + AG, so auto never costs much more than that

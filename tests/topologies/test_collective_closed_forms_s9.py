@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 
+from tests.topologies.alpha_beta import ab_t, ab_time_s
 from topologies import (
     Cluster,
     ClusterSpec,
     TopologyError,
     collective_estimate,
-    collective_time_s,
     load_cluster,
     load_network,
     load_server,
@@ -60,20 +60,20 @@ def test_ring_on_one_node(n: int) -> None:
     }
     for op, t in expect.items():
         est = collective_estimate(op, S, range(n), c, algorithm="ring")  # type: ignore[arg-type]
-        assert est.time_s == pytest.approx(t, rel=1e-12), op
+        assert ab_time_s(est) == pytest.approx(t, rel=1e-12), op
         assert est.protocol == "simple"
     # bus bandwidth = algorithm bandwidth x 2(n-1)/n = the ring's per-rank link rate
     ar = collective_estimate("all-reduce", S, range(n), c, algorithm="ring")
     assert ar.busbw_bytes_per_s == pytest.approx(ar.algbw_bytes_per_s * 2 * (n - 1) / n)
-    assert ar.busbw_bytes_per_s == pytest.approx(bw)
+    assert ar.busbw_bytes_per_s * ar.time_s / ab_time_s(ar) == pytest.approx(bw)
 
 
 def test_flat_ring_across_nodes_is_bound_by_the_node_nics() -> None:
     # 2 nodes x 8: every ring crosses each node's NICs once; 8 NICs carry what 1 GPU sends
     c = _no_latency("dgx-h100", 2, "ib-hdr")
-    t = collective_time_s("all-reduce", S, range(16), c, algorithm="ring")
+    t = ab_t("all-reduce", S, range(16), c, algorithm="ring")
     assert t == pytest.approx(2 * 15 / 16 * S / min(_intra(c), 8 * _nic(c)), rel=1e-12)
-    one = collective_time_s("all-gather", S, [0, 8], c, algorithm="ring")  # one GPU per node
+    one = ab_t("all-gather", S, [0, 8], c, algorithm="ring")  # one GPU per node
     assert one == pytest.approx(S / 2 / _nic(c), rel=1e-12)
 
 
@@ -85,9 +85,9 @@ def test_hierarchical_all_reduce(nodes: int, network: str) -> None:
     k = nodes
     intra_s = 2 * 7 / 8 * S / _intra(c)
     inter_s = 2 * (k - 1) / k * (S / 8) / _nic(c)
-    t = collective_time_s("all-reduce", S, range(8 * k), c, algorithm="hierarchical")
+    t = ab_t("all-reduce", S, range(8 * k), c, algorithm="hierarchical")
     assert t == pytest.approx(max(intra_s, inter_s), rel=1e-12)
-    ag = collective_time_s("all-gather", S, range(8 * k), c, algorithm="hierarchical")
+    ag = ab_t("all-gather", S, range(8 * k), c, algorithm="hierarchical")
     assert ag == pytest.approx(max(7 / 8 * S / _intra(c), (k - 1) / k * S / 8 / _nic(c)))
 
 
@@ -96,22 +96,18 @@ def test_hierarchical_on_pcie_adds_the_nic_traffic_to_the_x16_link() -> None:
     nic_per_gpu = c.server.nics_per_node / c.server.gpus_per_node  # 4 NICs, 8 GPUs
     intra_s = 2 * 7 / 8 * S / _intra(c)
     inter_s = 2 * 1 / 2 * (S / 8) / (nic_per_gpu * _nic(c))
-    t = collective_time_s("all-reduce", S, range(16), c, algorithm="hierarchical")
+    t = ab_t("all-reduce", S, range(16), c, algorithm="hierarchical")
     assert t == pytest.approx(intra_s + inter_s, rel=1e-12)
 
 
 def test_all_to_all() -> None:
     one = _no_latency("dgx-h100", 1)
-    assert collective_time_s("all-to-all", S, range(8), one) == pytest.approx(
-        7 / 8 * S / _intra(one), rel=1e-12
-    )
+    assert ab_t("all-to-all", S, range(8), one) == pytest.approx(7 / 8 * S / _intra(one), rel=1e-12)
     c = _no_latency("dgx-h100", 4)
     # one GPU per node: a full-bisection network, (n-1)/n S through each GPU's NIC
-    assert collective_time_s("all-to-all", S, [0, 8, 16, 24], c) == pytest.approx(
-        3 / 4 * S / _nic(c), rel=1e-12
-    )
+    assert ab_t("all-to-all", S, [0, 8, 16, 24], c) == pytest.approx(3 / 4 * S / _nic(c), rel=1e-12)
     # 2 nodes x 8: 7/16 of S over NVLink beside 8/16 of S over the GPU's own NIC
-    t = collective_time_s("all-to-all", S, range(16), c)
+    t = ab_t("all-to-all", S, range(16), c)
     assert t == pytest.approx(max(7 / 16 * S / _intra(c), 8 / 16 * S / _nic(c)), rel=1e-12)
 
 
@@ -119,34 +115,36 @@ def test_all_to_all() -> None:
 def test_pipeline_send_same_node_and_across(server: str) -> None:
     c = _no_latency(server, 2)
     nic_per_gpu = c.server.nics_per_node / c.server.gpus_per_node
-    inside = collective_time_s("send-recv", S, [3, 4], c)
-    across = collective_time_s("send-recv", S, [3, 11], c)
+    inside = ab_t("send-recv", S, [3, 4], c)
+    across = ab_t("send-recv", S, [3, 11], c)
     assert inside == pytest.approx(S / _intra(c), rel=1e-12)
     assert across == pytest.approx(S / (nic_per_gpu * _nic(c)), rel=1e-12)
     assert inside < across
-    assert collective_time_s("send-recv", S, [5], c) == 0.0
+    assert ab_t("send-recv", S, [5], c) == 0.0
 
 
 def test_group_spanning_two_leaf_groups_pays_the_oversubscription() -> None:
     # 64 nodes, 32 per leaf group, 2:1 leaf down:up: a pair under one leaf keeps its NIC rate;
     # a pair under two leaves crosses the spine (as to_graph wires it) at half of it. The PP
-    # hop of a 512-GPU job with tp*cp*dp = 256 is such a pair (nodes 0 and 32); it was priced
-    # at the full rate while a 33-node group paid the 2:1.
+    # hop of a 512-GPU job with tp*cp*dp = 256 is such a pair (nodes 0 and 32): every node of
+    # the stage sends across at once. A ring's share is per leaf (topologies/spine.py): 33
+    # nodes put one under the second leaf, whose one stream is all its traffic.
     c = load_cluster("dgx-h100", gpus=8 * 64, oversubscription=2.0)
     flat = load_cluster("dgx-h100", gpus=8 * 64)
     nic = flat.group_links([0, 8]).inter_bw_bytes_per_s
-    assert c.group_links([0, 8]).inter_bw_bytes_per_s == nic  # nodes 0, 1: one leaf group
-    assert c.group_links([8 * 31, 8 * 32]).inter_bw_bytes_per_s == pytest.approx(nic / 2)
-    assert c.group_links([0, 8 * 32]).inter_bw_bytes_per_s == pytest.approx(nic / 2)
-    assert flat.group_links([0, 8 * 32]).inter_bw_bytes_per_s == nic
-    assert c.group_links(range(0, 8 * 33, 8)).inter_bw_bytes_per_s == pytest.approx(nic / 2)
+    assert c.group_links([0, 8]).inter_bw_for("ring") == nic  # nodes 0, 1: one leaf group
+    assert c.group_links([8 * 31, 8 * 32]).inter_bw_for("ring") == pytest.approx(nic / 2)
+    assert c.group_links([0, 8 * 32]).inter_bw_for("ring") == pytest.approx(nic / 2)
+    assert flat.group_links([0, 8 * 32]).inter_bw_for("ring") == nic
+    assert c.group_links(range(0, 8 * 33, 8)).inter_bw_for("ring") == pytest.approx(nic / 2)
+    assert c.group_links(range(0, 8 * 64, 8)).inter_bw_for("ring") == nic  # 32 + 32: 1/32 out
     g = c.to_graph()  # the spine the pair crosses is the one group_links divides by
     assert ("leaf", 0, 0) in g and ("leaf", 0, 1) in g
     assert g.edges[("leaf", 0, 1), ("spine", 0)]["bw_bytes_per_s_per_dir"] == pytest.approx(
         32 * c.spec.network.link.bw_bytes_per_s_per_dir / 2  # type: ignore[union-attr]
     )
-    slow = collective_time_s("send-recv", S, [0, 8 * 32], c)
-    fast = collective_time_s("send-recv", S, [0, 8 * 31], c)
+    slow = ab_t("send-recv", S, [0, 8 * 32], c)
+    fast = ab_t("send-recv", S, [0, 8 * 31], c)
     assert slow > fast
 
 
@@ -186,7 +184,7 @@ def test_megatron_groups_that_cross_nodes(tp: int, dp: int, pp: int) -> None:
                     nets = [c.spec.model_copy(update={"network": nic.model_copy(update={
                         "link": nic.link.model_copy(update={"bw_bytes_per_s_per_dir": b})})})
                         for b in (1e9, 1e12)] if nic else []  # fmt: skip
-                    times = {collective_time_s("all-reduce", S, group, Cluster(s)) for s in nets}
+                    times = {ab_t("all-reduce", S, group, Cluster(s)) for s in nets}
                     assert len(times) <= 1
             else:
                 assert c.tier_of(group) == c.network.link  # type: ignore[union-attr]
@@ -204,7 +202,7 @@ def test_pcie_gpu_cannot_reach_the_network_faster_than_its_x16_link(network: str
     assert c.group_links([0, 8]).inter_bw_bytes_per_s == pytest.approx(x16 / 2)
     assert c.group_links(range(16)).inter_bw_bytes_per_s == pytest.approx(8 * x16 / 2)
     for op in ("send-recv", "all-reduce", "all-gather", "all-to-all"):
-        assert collective_time_s(op, S, [0, 1], c) <= collective_time_s(op, S, [0, 8], c), op
+        assert ab_t(op, S, [0, 1], c) <= ab_t(op, S, [0, 8], c), op
     # slower NICs than the x16 link keep their own rate (the catalog's default networks)
     own = load_cluster("pcie-l40s-8gpu", gpus=16)
     nic = own.network.link.effective_bw_bytes_per_s  # type: ignore[union-attr]

@@ -93,7 +93,8 @@ def test_dgx1_tp_quad_all_reduce_closed_form() -> None:
     data_s = 2 * 3 / 4 * 1e9 / (4 * NVLINK2_LINK * EFFICIENCY)
     latency_s = 6 * s.intra.latency_s
     depth_s = latency_s * 5 / 6
-    want = s.launch_latency_s + latency_s + data_s + 2 * math.sqrt(depth_s * data_s)
+    base_s = 8.4e-6  # NCCL's ring/Simple base latency (collectives.md section 3)
+    want = s.launch_latency_s + base_s + latency_s + data_s + 2 * math.sqrt(depth_s * data_s)
     assert (est.algorithm, est.protocol) == ("ring", "simple")
     assert est.time_s == pytest.approx(want, rel=1e-12)
 
