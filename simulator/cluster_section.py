@@ -12,7 +12,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simulator.errors import ConfigError
-from topologies import Cluster, ClusterSpec, ServerSpec, TopologyError, load_network, load_server
+from topologies import (
+    Cluster,
+    ClusterSpec,
+    ServerSpec,
+    TopologyError,
+    load_network,
+    load_server,
+    nics_kept,
+)
 
 # strict: a TOML ``true`` or ``2.0`` is not a GPU count, nor ``"yes"`` a switch
 _FROZEN = ConfigDict(frozen=True, extra="forbid", strict=True)
@@ -40,7 +48,12 @@ class ClusterSection(BaseModel):
     num_gpus: int = Field(
         gt=0, le=MAX_GPUS, description=f"GPUs in the job: tp x cp x pp x dp (at most {MAX_GPUS:,})"
     )
-    gpus_per_node: int | None = Field(default=None, gt=0, description="default: the server's")
+    gpus_per_node: int | None = Field(
+        default=None,
+        gt=0,
+        description="default: the server's; its NICs follow, at the server's GPUs per NIC "
+        "(DGX-1, 2 a NIC: 4 GPUs keep 2 NICs), unless nics_per_node is set",
+    )
     nics_per_node: int | None = Field(default=None, ge=0, description="default: the server's")
     nodes_per_leaf: int = Field(
         default=32, gt=0, description="nodes under one leaf switch group (SuperPOD SU: 32)"
@@ -71,9 +84,13 @@ def resolve_cluster(c: ClusterSection, base_dir: str = ".") -> Cluster:
     update: dict[str, Any] = {}
     if c.gpus_per_node is not None and c.gpus_per_node != server.gpus_per_node:
         update["gpus_per_node"] = c.gpus_per_node
-        update["nics_per_node"] = min(server.nics_per_node, c.gpus_per_node)
     if c.nics_per_node is not None:
         update["nics_per_node"] = c.nics_per_node
+    elif update:  # the GPUs kept keep their NICs: the server's GPUs per NIC hold
+        try:
+            update["nics_per_node"] = nics_kept(server, c.gpus_per_node or 0)
+        except TopologyError as e:
+            raise ConfigError(f"cluster.{e}") from None
     server = _with_counts(server, update) if update else server
     nodes = math.ceil(c.num_gpus / server.gpus_per_node)
     if nodes > 1 and server.nics_per_node < 1:

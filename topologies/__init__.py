@@ -23,12 +23,14 @@ from topologies.collectives import (
     collective_time_s,
     ring_bytes_per_rank,
 )
+from topologies.nics import nics_kept
 from topologies.spec import (
     ClusterSpec,
     Degradation,
     LinkTier,
     NetworkSpec,
     NVLSSpec,
+    PCIeSpec,
     ServerSpec,
     TopologyError,
 )
@@ -45,6 +47,7 @@ __all__ = [
     "LinkTier",
     "NVLSSpec",
     "NetworkSpec",
+    "PCIeSpec",
     "ServerSpec",
     "TopologyError",
     "busbw_factor",
@@ -55,5 +58,6 @@ __all__ = [
     "load_cluster",
     "load_network",
     "load_server",
+    "nics_kept",
     "ring_bytes_per_rank",
 ]

@@ -4,14 +4,15 @@ GPUs share NICs evenly and in order (DGX-1 V100 and the PCIe servers: GPUs 2i an
 NIC i, on one PCIe switch); with more NICs than GPUs each GPU has ``nics / gpus`` of its own.
 All GPUs are taken to send at once (every rank of a layout runs its group's collective), so a
 GPU gets its share of its NIC. A NIC hangs off PCIe, so it is no faster than its x16 link; a
-GPU reaches it over its own x16 link (on a PCIe server the one link that carries its peer
-traffic too). Degradations: ``inter`` scales the NIC the named GPU uses, ``intra`` the GPU's
-fabric link (on a PCIe server its x16 link).
+GPU reaches it over its own x16 link (GPUDirect RDMA; on a PCIe server the one link that carries
+its peer traffic too). A node cut to fewer GPUs keeps the server's GPUs per NIC (`nics_kept`).
+Degradations: ``inter`` scales the NIC the named GPU uses, ``intra`` the GPU's fabric link (on
+a PCIe server its x16 link).
 """
 
 from __future__ import annotations
 
-from topologies.spec import ClusterSpec, ServerSpec, TierKind
+from topologies.spec import ClusterSpec, ServerSpec, TierKind, TopologyError
 
 
 def link_scale(spec: ClusterSpec, tier: TierKind, node: int, local: int) -> float:
@@ -42,15 +43,37 @@ def nic_scale(spec: ClusterSpec, node: int, local: int) -> float:
 
 
 def pcie_bw(server: ServerSpec) -> float | None:
-    """A PCIe x16 link's achieved rate, one direction, where the server file gives one: the
-    GPU's one link on a PCIe server, its host path on a mesh (DGX-1: PCIe 3.0). A NIC's own link
-    to its PCIe switch is taken to be as fast. None on an NVSwitch server: no rate is filed (its
-    NICs, 1:1 with GPUs, are no faster than their PCIe links at catalog rates)."""
+    """A GPU's PCIe x16 link's achieved rate, one direction, where the server file gives one:
+    the GPU's one link on a PCIe server, its ``[pcie]`` link on an NVSwitch or mesh server, else
+    a mesh's host path (DGX-1: PCIe 3.0). A NIC's own link to its PCIe switch is taken to be as
+    fast. None where none is filed: the NIC is then not capped by PCIe."""
     if server.fabric == "pcie":
         return server.intra.effective_bw_bytes_per_s
+    if server.pcie is not None:
+        return server.pcie.effective_bw_bytes_per_s
     if server.host_bw_bytes_per_s_per_dir is not None:
         return server.host_bw_bytes_per_s_per_dir * server.intra.efficiency
     return None
+
+
+def nics_kept(server: ServerSpec, gpus: int) -> int:
+    """NICs a node of ``server`` cut (or grown) to ``gpus`` GPUs has: each GPU keeps the NIC its
+    PCIe switch joins it to, so the server's GPUs per NIC hold (DGX-1, 2 a NIC: 4 GPUs keep 2
+    NICs, not 4), or with several NICs a GPU, its NICs per GPU. A `TopologyError` when the GPUs
+    would fill a NIC only in part (3 GPUs at 2 a NIC: one NIC shared, one not), as GPUs share
+    NICs evenly here."""
+    nics, have = server.nics_per_node, server.gpus_per_node
+    if nics == 0:
+        return 0
+    if nics >= have:
+        return gpus * (nics // have)
+    per_nic = have // nics
+    if gpus % per_nic:
+        raise TopologyError(
+            f"gpus_per_node = {gpus} on {server.id} would share a NIC unevenly (its GPUs share "
+            f"NICs {per_nic} a NIC); use a multiple of {per_nic}, or set nics_per_node too"
+        )
+    return gpus // per_nic
 
 
 def gpu_inter_bw(spec: ClusterSpec, node: int, local: int) -> float:

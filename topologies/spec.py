@@ -73,6 +73,19 @@ class NVLSSpec(_Frozen):
         return self
 
 
+class PCIeSpec(_Frozen):
+    """A GPU's PCIe x16 link where the node fabric is not PCIe: its NIC's traffic crosses it
+    (GPUDirect RDMA), so no NIC serves a GPU faster, and a NIC's own x16 link is as fast."""
+
+    bw_bytes_per_s_per_dir: _Rate = Field(description="x16 line rate, one direction")
+    efficiency: _Efficiency = Field(description="achieved rate / line rate")
+
+    @property
+    def effective_bw_bytes_per_s(self) -> float:
+        """Rate achieved over the link, one direction."""
+        return self.bw_bytes_per_s_per_dir * self.efficiency
+
+
 class ServerSpec(_Frozen):
     """One server (OS node): GPUs, the fabric joining them, and its NICs."""
 
@@ -95,6 +108,11 @@ class ServerSpec(_Frozen):
     launch_latency_s: _Latency = Field(description="fixed cost of one collective call")
     intra: LinkTier = Field(description="per-GPU bandwidth a ring can use inside the node")
     nvls: NVLSSpec | None = None
+    pcie: PCIeSpec | None = Field(
+        default=None,
+        description="a GPU's PCIe x16 link to its NIC on an NVSwitch or mesh fabric (on a PCIe "
+        "fabric `intra` is that link); None: not on file, the NIC is not capped by it",
+    )
     nics_per_node: _Int = Field(ge=0)
     default_network: str | None = Field(description="network id of the compute NICs")
     max_nodes: _Int = Field(gt=0, description="largest vetted scale-out fabric for this server")
@@ -102,7 +120,8 @@ class ServerSpec(_Frozen):
 
     @model_validator(mode="after")
     def _parts_fit(self) -> ServerSpec:
-        """NICs shared evenly, NVLS only on an NVSwitch, a mesh's links as `_mesh_fits` asks."""
+        """NICs shared evenly, NVLS only on an NVSwitch, [pcie] only off a PCIe fabric, a mesh's
+        links as `_mesh_fits` asks."""
         gpus, nics = self.gpus_per_node, self.nics_per_node
         if nics and gpus % nics and nics % gpus:
             raise ValueError(
@@ -113,6 +132,11 @@ class ServerSpec(_Frozen):
             raise ValueError(
                 f'[nvls] needs fabric = "nvswitch" (NVLink SHARP runs in the switch), not '
                 f"{self.fabric!r}; remove [nvls] or fix fabric"
+            )
+        if self.pcie is not None and self.fabric == "pcie":
+            raise ValueError(
+                '[pcie] is read only off a PCIe fabric: on fabric = "pcie" the [intra] tier is '
+                "the GPU's x16 link; remove [pcie]"
             )
         if self.fabric == "mesh":
             self._mesh_fits()
