@@ -17,6 +17,7 @@ from typing import Any, NoReturn, cast
 
 from pydantic import ValidationError
 
+from forecast.files import NotRegularFileError
 from forecast.gpus import GPUError, list_gpus, load_gpu
 from simulator.errors import ConfigError, InfeasibleConfig, path_arg
 from simulator.kernel_commands import add_kernel_commands
@@ -36,6 +37,7 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     ConfigError,
     GPUError,
     FileNotFoundError,
+    NotRegularFileError,
     TopologyError,
     *KERNEL_ERRORS,
 )

@@ -18,7 +18,13 @@ from pathlib import Path
 from forecast.collect_plan import DTYPES
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from forecast.tc_calibrate import DEFAULT_DATA_DIR as TC_DATA_DIR
-from simulator.errors import ConfigError, at_least, path_arg
+from simulator.errors import (
+    ConfigError,
+    at_least,
+    cannot_write_in,
+    path_arg,
+    refuse_special_file,
+)
 
 MAX_DIM = 2**40  # one kernel dimension: past it the forecasters' int64 arrays overflow
 
@@ -118,6 +124,23 @@ def _check_resumable(out: Path, columns: tuple[str, ...]) -> None:
         raise ConfigError(f"--out {out}: not a `tilesim kernels collect` CSV ({what}); {fix}")
 
 
+def _check_out(out: Path) -> None:
+    """``--out`` and its metadata file can be written: neither a device nor a folder, in a
+    folder this run can write in (checked before any kernel is timed, instead of a raw
+    ``[Errno 2] ... .partial-*`` after the first ones)."""
+    if out.is_dir() or not out.parent.is_dir():
+        why = "is a folder" if out.is_dir() else f"needs the folder {out.parent}"
+        raise ConfigError(f"--out {out} {why}; give a CSV path in an existing folder")
+    meta = out.with_suffix(".meta.json")
+    if meta.is_dir():
+        raise ConfigError(f"--out {out}: {meta} (its metadata file) is a folder; move it")
+    refuse_special_file(out, "--out")
+    refuse_special_file(meta, f"--out {out}: its metadata file")
+    why = cannot_write_in(out.parent)
+    if why:
+        raise ConfigError(f"--out {out}: cannot write in {out.parent} ({why}); give another path")
+
+
 def _collect(args: argparse.Namespace) -> int:
     from forecast import collect_rows, profile
 
@@ -127,9 +150,7 @@ def _collect(args: argparse.Namespace) -> int:
     if args.out.is_dir() or not args.out.parent.is_dir():
         why = "is a folder" if args.out.is_dir() else f"needs the folder {args.out.parent}"
         raise ConfigError(f"--out {args.out} {why}; give a CSV path in an existing folder")
-    meta = args.out.with_suffix(".meta.json")
-    if meta.is_dir():
-        raise ConfigError(f"--out {args.out}: {meta} (its metadata file) is a folder; move it")
+    _check_out(args.out)
     _check_resumable(args.out, collect_rows.COLUMNS)
     cfg = profile.CollectConfig(
         device=args.device,

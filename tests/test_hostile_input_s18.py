@@ -1,0 +1,66 @@
+"""Hostile and mistaken input to the ``tilesim`` command line, round three (a demanding new
+user's audit of every subcommand): one line on stderr naming the flag or key and the fix, exit
+code 2, no traceback, nothing written."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from forecast.files import NotRegularFileError, write_text_atomic
+from simulator.cli import main
+from simulator.space import find_scenario
+from tests.support import refused
+
+TINY = find_scenario("tiny-gpt-8gpu")
+SERVE = ["serve", "--model", "tiny-gpt", "--gpu", "a100-sxm4-80gb"]
+SERVE += ["--batch", "1", "--prompt", "8", "--gen", "2"]
+
+
+# --- 1. an output path that is a device or a pipe -------------------------------------------
+
+# every write is whole-or-nothing: a temporary file renamed over the target. Over /dev/full
+# (as root) that replaced the device with a regular file and exited 0; over a pipe, the same.
+OUTPUT_FLAGS = [
+    (["simulate", str(TINY)], "--trace", "t.json"),
+    (SERVE, "--plot", "f.png"),
+    (["kernels", "validate"], "--out", "v.json"),
+    (["kernels", "plot"], "--out", "k.png"),
+    (["kernels", "collect", "--device", "cpu"], "--out", "m.csv"),
+    (["validate", "e2e"], "--plot", "e.png"),
+]
+
+
+@pytest.mark.parametrize(("argv", "flag", "name"), OUTPUT_FLAGS)
+def test_an_output_that_is_a_pipe_is_refused_and_left_a_pipe(
+    argv: list[str], flag: str, name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+    refused([*argv, flag, str(fifo)], capsys, flag, "not a regular file", "give a file path")
+    assert fifo.is_fifo()
+
+
+def test_the_whole_or_nothing_write_refuses_a_pipe_and_writes_through_a_link(
+    tmp_path: Path,
+) -> None:
+    fifo = tmp_path / "p"
+    os.mkfifo(fifo)
+    with pytest.raises(NotRegularFileError, match="not a regular file"):
+        write_text_atomic(fifo, "x")
+    assert fifo.is_fifo()
+    target, link = tmp_path / "target.json", tmp_path / "link.json"
+    link.symlink_to(target.name)
+    write_text_atomic(link, "{}")
+    assert link.is_symlink() and target.read_text() == "{}"
+
+
+def test_kernels_collect_into_a_folder_it_cannot_write_is_one_line_before_any_timing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # it was "[Errno 2] No such file or directory: '/proc/.partial-...'", after the first kernels
+    argv = ["kernels", "collect", "--device", "cpu", "--out", "/proc/m.csv"]
+    refused(argv, capsys, "--out /proc/m.csv: cannot write in /proc", "give another path")
+    assert not Path("/proc/.partial-").exists()
