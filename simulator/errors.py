@@ -53,8 +53,7 @@ def refuse_special_file(path: Path, label: str) -> None:
     after all the work."""
     if path.exists() and not path.is_file() and not path.is_dir():
         raise ConfigError(
-            f"{label}: {path} is not a regular file (a device, pipe or socket); "
-            "give a file path"
+            f"{label}: {path} is not a regular file (a device, pipe or socket); give a file path"
         )
 
 

@@ -64,3 +64,35 @@ def test_kernels_collect_into_a_folder_it_cannot_write_is_one_line_before_any_ti
     argv = ["kernels", "collect", "--device", "cpu", "--out", "/proc/m.csv"]
     refused(argv, capsys, "--out /proc/m.csv: cannot write in /proc", "give another path")
     assert not Path("/proc/.partial-").exists()
+
+
+# --- 2. sweep flags that the chosen executor ignored ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "needles"),
+    [
+        (["--serial", "--workers", "4"], ("--serial runs without Ray", "--workers would be")),
+        (["--serial", "--address", "auto"], ("--serial runs without Ray", "--address would be")),
+        (["--address", "auto", "--workers", "4"], ("--address runs on the cluster", "--workers")),
+    ],
+)
+def test_sweep_flags_the_executor_would_ignore_are_refused(
+    flags: list[str], needles: tuple[str, ...], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    argv = ["sweep", str(TINY), "--no-progress", "--out", str(out), *flags]
+    refused(argv, capsys, *needles, "drop one of them")
+    assert not out.exists()
+
+
+def test_sweep_without_workers_runs_serial_and_help_names_the_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    argv = ["sweep", str(TINY), "--serial", "--no-progress", "--out", str(out)]
+    assert main([*argv, "--candidates", "1", "--per-context", "0"]) == 0
+    assert (out / "rows.jsonl").is_file()
+    capsys.readouterr()
+    assert main(["sweep", "--help"]) == 0
+    assert f"this machine's, {os.cpu_count() or 2}" in capsys.readouterr().out
