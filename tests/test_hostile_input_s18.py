@@ -96,3 +96,49 @@ def test_sweep_without_workers_runs_serial_and_help_names_the_default(
     capsys.readouterr()
     assert main(["sweep", "--help"]) == 0
     assert f"this machine's, {os.cpu_count() or 2}" in capsys.readouterr().out
+
+
+# --- 3. scenario files: a misspelt key, an empty name, an option that is not a table --------
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "needles"),
+    [
+        # a misspelt table or key was reported as the key it meant ("key 'study': Field
+        # required"), which did not name the typo in the file
+        ("[study]", "[studyx]", ("key 'studyx' is not a scenario key", "did you mean 'study'")),
+        (
+            "global_batch_size = 16",
+            "global_batch_sze = 16",
+            ("'training.global_batch_sze' is not", "did you mean 'training.global_batch_size'"),
+        ),
+        ('name = "tiny-gpt-8gpu"', 'name = ""', ("key 'study.name'", "at least 1 character")),
+    ],
+)
+def test_a_scenario_typo_or_empty_name_is_one_line_naming_it(
+    old: str, new: str, needles: tuple[str, ...], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "s.toml"
+    text = TINY.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    refused(["simulate", str(path)], capsys, *needles)
+
+
+@pytest.mark.parametrize(
+    ("override", "needles"),
+    [
+        ("sweep.options=[1]", ("sweep.options[0]: 1 is not a table", "[[sweep.options]]")),
+        # the GPU has no fp8 rate: the line named `dtype`, no key of the scenario
+        ('training.dtype="fp8"', ("training.dtype fp8: a100-sxm4-80gb has no fp8", "use one of")),
+    ],
+)
+def test_a_sweep_override_of_the_wrong_shape_or_dtype_names_its_key(
+    override: str, needles: tuple[str, ...], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    argv = ["sweep", str(TINY), "--serial", "--no-progress", "--out", str(out)]
+    refused([*argv, "--set", override], capsys, *needles)
+    assert not out.exists()
+    if override.startswith("training."):
+        refused(["simulate", str(TINY), "--set", override], capsys, *needles)
