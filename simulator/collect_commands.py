@@ -136,9 +136,11 @@ def _check_out(out: Path) -> None:
         raise ConfigError(f"--out {out}: {meta} (its metadata file) is a folder; move it")
     refuse_special_file(out, "--out")
     refuse_special_file(meta, f"--out {out}: its metadata file")
-    why = cannot_write_in(out.parent)
-    if why:
-        raise ConfigError(f"--out {out}: cannot write in {out.parent} ({why}); give another path")
+    refusal = cannot_write_in(out.parent)
+    if refusal:
+        raise ConfigError(
+            f"--out {out}: cannot write in {out.parent} ({refusal}); give another path"
+        )
 
 
 def _collect(args: argparse.Namespace) -> int:
