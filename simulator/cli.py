@@ -97,7 +97,8 @@ def _add_collective(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="append",
         default=[],
         metavar="TIER:NODE:GPU:SCALE",
-        help="scale a link, e.g. inter:0:3:0.5 (NIC of node 0 GPU 3 at half rate; * = all)",
+        help="scale a link, e.g. inter:0:3:0.5 (NIC of node 0 GPU 3 at half rate; * = all); "
+        "repeatable, and the scales of one link multiply",
     )
     p.add_argument(
         "--json",
@@ -206,8 +207,8 @@ def _collective_plot(args: argparse.Namespace) -> int:
 
 
 def _collective_check(args: argparse.Namespace) -> int:
-    if not math.isfinite(args.min_bytes):
-        raise ConfigError(f"--min-bytes {args.min_bytes}: give a finite size in bytes")
+    if not (math.isfinite(args.min_bytes) and args.min_bytes >= 0):
+        raise ConfigError(f"--min-bytes {args.min_bytes:g}: give a finite size in bytes, 0 or more")
     rows = [r for c in load_measured(args.data) for r in compare(c) if r.nbytes >= args.min_bytes]
     print(topo_report.check_table(rows))
     return 0

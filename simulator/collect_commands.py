@@ -36,15 +36,25 @@ def check_dims(dims: tuple[int, ...], text: str) -> tuple[int, ...]:
     return dims
 
 
+def parse_dims(text: str) -> tuple[int, ...]:
+    """``--dims`` as whole numbers from 1 to `MAX_DIM`, else a `ConfigError` naming the size
+    (a 0 was reported as the kernel's internal tuple, ``got (1, 0, 10, 10)`` for a gemm)."""
+    try:
+        dims = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(
+            f"--dims {text!r}: give comma-separated whole numbers > 0, e.g. 1024,1024,1024"
+        ) from None
+    bad = [d for d in dims if d < 1]
+    if bad:
+        raise ConfigError(f"--dims {text!r}: each size is a whole number > 0, got {bad[0]}")
+    return check_dims(dims, text)
+
+
 def gemm_kernel(dims_text: str, dtype: str) -> KernelSpec:
     """``M,N,K`` (K the reduction) -> ``bmm (1, M, K, N)``; a `ConfigError` if malformed."""
-    try:
-        m, n, k = check_dims(tuple(int(x) for x in dims_text.split(",")), dims_text)
-        return KernelSpec(OpFamily.BMM, (1, m, k, n), Dtype(dtype))
-    except ValueError as e:
-        if isinstance(e, ConfigError):
-            raise
-        raise ConfigError(f"--op gemm --dims {dims_text!r}: give M,N,K positive ({e})") from None
+    m, n, k = parse_dims(dims_text)
+    return KernelSpec(OpFamily.BMM, (1, m, k, n), Dtype(dtype))
 
 
 def add_collect_commands(ksub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -142,3 +142,42 @@ def test_a_sweep_override_of_the_wrong_shape_or_dtype_names_its_key(
     assert not out.exists()
     if override.startswith("training."):
         refused(["simulate", str(TINY), "--set", override], capsys, *needles)
+
+
+# --- 4. kernels, GPUs and collectives ---------------------------------------------------------
+
+KERNEL = ["kernels", "predict", "--gpu", "a100-sxm4-80gb"]
+
+
+@pytest.mark.parametrize(
+    ("op", "dims", "got"),
+    [("gemm", "0,10,10", "0"), ("gemm", "-1,10,10", "-1"), ("bmm", "1,2,0,4", "0")],
+)
+def test_a_size_below_one_names_dims_not_the_kernels_internal_tuple(
+    op: str, dims: str, got: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a gemm's 0 was "give M,N,K positive (dims must be positive integers, got (1, 0, 10, 10))"
+    line = refused([*KERNEL, "--op", op, f"--dims={dims}"], capsys, f"--dims '{dims}'")
+    assert line.endswith(f"each size is a whole number > 0, got {got}"), line
+
+
+@pytest.mark.parametrize(
+    ("name", "gpu_id"),
+    [("A100 SXM4 80GB", "a100-sxm4-80gb"), ("T4", "t4"), ("a100-sxm-80gb", "a100-sxm4-80gb")],
+)
+def test_a_gpu_named_as_the_catalog_lists_it_gets_its_id_suggested(
+    name: str, gpu_id: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `tilesim list gpus` prints "a100-sxm4-80gb     A100 SXM4 80GB": the second column was
+    # refused with the whole id list and no pointer
+    argv = [*KERNEL[:2], "--gpu", name, "--op", "gemm", "--dims", "8,8,8"]
+    refused(argv, capsys, f"unknown GPU {name!r} (did you mean {gpu_id!r}?)")
+
+
+def test_a_negative_min_bytes_is_refused_and_degrade_help_says_scales_multiply(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["collective-check", "--data", "/nonexistent", "--min-bytes", "-1"]
+    refused(argv, capsys, "--min-bytes -1: give a finite size in bytes, 0 or more")
+    assert main(["collective", "--help"]) == 0
+    assert "scales of one link multiply" in " ".join(capsys.readouterr().out.split())
