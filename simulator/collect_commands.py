@@ -43,11 +43,13 @@ def parse_dims(text: str) -> tuple[int, ...]:
         dims = tuple(int(x) for x in text.split(","))
     except ValueError:
         raise ConfigError(
-            f"--dims {text!r}: give comma-separated whole numbers > 0, e.g. 1024,1024,1024"
+            f"--dims {text!r}: give comma-separated positive whole numbers, e.g. 1024,1024,1024"
         ) from None
     bad = [d for d in dims if d < 1]
     if bad:
-        raise ConfigError(f"--dims {text!r}: each size is a whole number > 0, got {bad[0]}")
+        raise ConfigError(
+            f"--dims {text!r}: each size must be a positive whole number, got {bad[0]}"
+        )
     return check_dims(dims, text)
 
 

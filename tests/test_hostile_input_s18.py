@@ -158,7 +158,7 @@ def test_a_size_below_one_names_dims_not_the_kernels_internal_tuple(
 ) -> None:
     # a gemm's 0 was "give M,N,K positive (dims must be positive integers, got (1, 0, 10, 10))"
     line = refused([*KERNEL, "--op", op, f"--dims={dims}"], capsys, f"--dims '{dims}'")
-    assert line.endswith(f"each size is a whole number > 0, got {got}"), line
+    assert line.endswith(f"each size must be a positive whole number, got {got}"), line
 
 
 @pytest.mark.parametrize(
@@ -181,3 +181,10 @@ def test_a_negative_min_bytes_is_refused_and_degrade_help_says_scales_multiply(
     refused(argv, capsys, "--min-bytes -1: give a finite size in bytes, 0 or more")
     assert main(["collective", "--help"]) == 0
     assert "scales of one link multiply" in " ".join(capsys.readouterr().out.split())
+
+
+def test_plot_of_a_folder_that_does_not_exist_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "typo"
+    refused(["plot", str(missing)], capsys, f"{missing}: no such folder or file")
