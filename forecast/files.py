@@ -13,11 +13,18 @@ from pathlib import Path
 from typing import Any
 
 
+class NotRegularFileError(OSError):
+    """A write target that exists but is a device, pipe or socket (/dev/full, /dev/stdout):
+    renaming a new file over it would replace the device itself."""
+
+
 def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
     """Write a whole file or nothing: ``write`` fills a temporary file beside ``path``, which
     is then renamed over it, so an interrupt never leaves a half-written one (nor, when
-    ``write`` fails or is interrupted, the temporary file)."""
-    write_together([(path, write)])
+    ``write`` fails or is interrupted, the temporary file). A symbolic link is written
+    through: its target gets the file and the link stays (renaming over the link replaced it,
+    /dev/stdout included, with a plain file)."""
+    write_together([(path.resolve() if path.is_symlink() else path, write)])
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -30,6 +37,11 @@ def write_together(writes: Sequence[tuple[Path, Callable[[Path], object]]]) -> N
     written to its temporary file first, and only when all are written are they renamed over
     the old ones, in the order given (put the file that marks the set complete last). An
     interrupt while writing leaves the old set untouched and no temporary file."""
+    for path, _ in writes:  # checked first: nothing is written when one cannot be
+        if path.exists() and not path.is_file() and not path.is_dir():
+            raise NotRegularFileError(
+                f"{path} is not a regular file (a device, pipe or socket); give a file path"
+            )
     # a fresh folder beside the first file (same file system, so the renames are atomic);
     # each file keeps its own name there (torch.save records it inside the archive)
     stage = Path(tempfile.mkdtemp(prefix=".partial-", dir=writes[0][0].parent))

@@ -9,6 +9,7 @@ id, a path to a catalog TOML, a path to a NeuSight device JSON, or a NeuSight de
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from functools import cache
 from pathlib import Path
@@ -117,6 +118,18 @@ def load_gpu(name_or_path: str | Path) -> GPUSpec:
         what = "is a folder; give the file" if path.is_dir() else "does not exist"
         raise GPUError(f"GPU file {path} {what}")
     raise GPUError(
-        f"unknown GPU {text!r}: use a catalog id ({', '.join(list_gpus())}), "
-        "a device name, or a path to a .toml catalog file or NeuSight device .json"
+        f"unknown GPU {text!r}{_did_you_mean(text)}: use a catalog id ({', '.join(list_gpus())}), "
+        "a device name as PyTorch prints it (e.g. 'NVIDIA A100-SXM4-80GB'), or a path to a "
+        ".toml catalog file or NeuSight device .json"
     )
+
+
+def _did_you_mean(text: str) -> str:
+    """`` (did you mean 'ID'?)`` for a catalog name as `tilesim list gpus` prints it ("A100
+    SXM4 80GB"), an id in other case or spacing, or a near miss of an id; else empty."""
+    key = " ".join(text.lower().split())
+    by_name = {g.name.lower(): gpu_id for gpu_id, g in catalog().items()}
+    ids = list_gpus()
+    found = by_name.get(key) or next((i for i in ids if i == key.replace(" ", "-")), None)
+    close = [found] if found else difflib.get_close_matches(key, ids, n=1, cutoff=0.8)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -17,6 +17,7 @@ from typing import Any, NoReturn, cast
 
 from pydantic import ValidationError
 
+from forecast.files import NotRegularFileError
 from forecast.gpus import GPUError, list_gpus, load_gpu
 from simulator.errors import ConfigError, InfeasibleConfig, path_arg
 from simulator.kernel_commands import add_kernel_commands
@@ -36,6 +37,7 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     ConfigError,
     GPUError,
     FileNotFoundError,
+    NotRegularFileError,
     TopologyError,
     *KERNEL_ERRORS,
 )
@@ -97,7 +99,7 @@ def _add_collective(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="TIER:NODE:GPU:SCALE",
         help="scale a link, e.g. inter:0:3:0.5 (the NIC node 0's GPU 3 uses, at half rate: "
         "every GPU sharing that NIC slows; intra: the GPU's NVLink, or its PCIe x16 link on a "
-        "PCIe server; * = all)",
+        "PCIe server; * = all); repeatable, and the scales of one link multiply",
     )
     p.add_argument(
         "--json",
@@ -206,8 +208,8 @@ def _collective_plot(args: argparse.Namespace) -> int:
 
 
 def _collective_check(args: argparse.Namespace) -> int:
-    if not math.isfinite(args.min_bytes):
-        raise ConfigError(f"--min-bytes {args.min_bytes}: give a finite size in bytes")
+    if not (math.isfinite(args.min_bytes) and args.min_bytes >= 0):
+        raise ConfigError(f"--min-bytes {args.min_bytes:g}: give a finite size in bytes, 0 or more")
     rows = [r for c in load_measured(args.data) for r in compare(c) if r.nbytes >= args.min_bytes]
     print(topo_report.check_table(rows))
     return 0

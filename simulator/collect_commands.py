@@ -18,7 +18,13 @@ from pathlib import Path
 from forecast.collect_plan import DTYPES
 from forecast.kernels import Dtype, KernelSpec, OpFamily
 from forecast.tc_calibrate import DEFAULT_DATA_DIR as TC_DATA_DIR
-from simulator.errors import ConfigError, at_least, path_arg
+from simulator.errors import (
+    ConfigError,
+    at_least,
+    cannot_write_in,
+    path_arg,
+    refuse_special_file,
+)
 
 MAX_DIM = 2**40  # one kernel dimension: past it the forecasters' int64 arrays overflow
 
@@ -30,15 +36,27 @@ def check_dims(dims: tuple[int, ...], text: str) -> tuple[int, ...]:
     return dims
 
 
+def parse_dims(text: str) -> tuple[int, ...]:
+    """``--dims`` as whole numbers from 1 to `MAX_DIM`, else a `ConfigError` naming the size
+    (a 0 was reported as the kernel's internal tuple, ``got (1, 0, 10, 10)`` for a gemm)."""
+    try:
+        dims = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(
+            f"--dims {text!r}: give comma-separated positive whole numbers, e.g. 1024,1024,1024"
+        ) from None
+    bad = [d for d in dims if d < 1]
+    if bad:
+        raise ConfigError(
+            f"--dims {text!r}: each size must be a positive whole number, got {bad[0]}"
+        )
+    return check_dims(dims, text)
+
+
 def gemm_kernel(dims_text: str, dtype: str) -> KernelSpec:
     """``M,N,K`` (K the reduction) -> ``bmm (1, M, K, N)``; a `ConfigError` if malformed."""
-    try:
-        m, n, k = check_dims(tuple(int(x) for x in dims_text.split(",")), dims_text)
-        return KernelSpec(OpFamily.BMM, (1, m, k, n), Dtype(dtype))
-    except ValueError as e:
-        if isinstance(e, ConfigError):
-            raise
-        raise ConfigError(f"--op gemm --dims {dims_text!r}: give M,N,K positive ({e})") from None
+    m, n, k = parse_dims(dims_text)
+    return KernelSpec(OpFamily.BMM, (1, m, k, n), Dtype(dtype))
 
 
 def add_collect_commands(ksub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -125,6 +143,25 @@ def _check_resumable(out: Path, columns: tuple[str, ...]) -> None:
         raise ConfigError(f"--out {out}: not a `tilesim kernels collect` CSV ({what}); {fix}")
 
 
+def _check_out(out: Path) -> None:
+    """``--out`` and its metadata file can be written: neither a device nor a folder, in a
+    folder this run can write in (checked before any kernel is timed, instead of a raw
+    ``[Errno 2] ... .partial-*`` after the first ones)."""
+    if out.is_dir() or not out.parent.is_dir():
+        why = "is a folder" if out.is_dir() else f"needs the folder {out.parent}"
+        raise ConfigError(f"--out {out} {why}; give a CSV path in an existing folder")
+    meta = out.with_suffix(".meta.json")
+    if meta.is_dir():
+        raise ConfigError(f"--out {out}: {meta} (its metadata file) is a folder; move it")
+    refuse_special_file(out, "--out")
+    refuse_special_file(meta, f"--out {out}: its metadata file")
+    refusal = cannot_write_in(out.parent)
+    if refusal:
+        raise ConfigError(
+            f"--out {out}: cannot write in {out.parent} ({refusal}); give another path"
+        )
+
+
 def _collect(args: argparse.Namespace) -> int:
     from forecast import collect_rows, profile
 
@@ -134,9 +171,7 @@ def _collect(args: argparse.Namespace) -> int:
     if args.out.is_dir() or not args.out.parent.is_dir():
         why = "is a folder" if args.out.is_dir() else f"needs the folder {args.out.parent}"
         raise ConfigError(f"--out {args.out} {why}; give a CSV path in an existing folder")
-    meta = args.out.with_suffix(".meta.json")
-    if meta.is_dir():
-        raise ConfigError(f"--out {args.out}: {meta} (its metadata file) is a folder; move it")
+    _check_out(args.out)
     _check_resumable(args.out, collect_rows.COLUMNS)
     cfg = profile.CollectConfig(
         device=args.device,

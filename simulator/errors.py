@@ -46,6 +46,17 @@ def cannot_write_in(folder: Path) -> str | None:
     return None
 
 
+def refuse_special_file(path: Path, label: str) -> None:
+    """A `ConfigError` starting with ``label`` when ``path`` exists and is neither a regular
+    file nor a folder (a device such as /dev/full, a pipe, /dev/stdout): the whole-or-nothing
+    write renames a new file over it, which replaced the device itself (as root) or failed
+    after all the work."""
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise ConfigError(
+            f"{label}: {path} is not a regular file (a device, pipe or socket); give a file path"
+        )
+
+
 def check_writable_above(path: Path, label: str) -> Path:
     """The nearest existing folder at or above ``path`` (the one a write there would create
     its folders in); a `ConfigError` starting with ``label`` unless a file can be made in it."""

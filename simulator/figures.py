@@ -16,7 +16,7 @@ from typing import Any, Literal, cast
 import matplotlib
 
 from forecast.files import write_atomic
-from simulator.errors import ConfigError, check_writable_above
+from simulator.errors import ConfigError, check_writable_above, refuse_special_file
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -180,5 +180,6 @@ def figure_path(path: Path, flag: str) -> Path:
             + "give a file name ending in one of "
             + ", ".join(f".{f}" for f in sorted(formats))
         )
+    refuse_special_file(path, flag)
     check_writable_above(path.parent, f"{flag} {path}")
     return path

@@ -17,7 +17,7 @@ from forecast.files import write_text_atomic
 from forecast.predict import WEIGHTS_DIR
 from forecast.report import TABLE_CAPTION, ReportError, update_readme, validation_markdown
 from simulator.collect_commands import add_collect_commands
-from simulator.errors import ConfigError, check_writable_above, path_arg
+from simulator.errors import ConfigError, check_writable_above, path_arg, refuse_special_file
 from simulator.kernel_predict_commands import (
     add_eval_command,
     add_predict_command,
@@ -101,6 +101,8 @@ def _check_out(path: Path, *, folder: bool) -> None:
         raise ConfigError(f"--out {path}: a file is there; give a folder for the weights")
     if not folder and (path.is_dir() or not path.name):
         raise ConfigError(f"--out {path} is a folder; give a file name such as validation.json")
+    if not folder:
+        refuse_special_file(path, "--out")
     check_writable_above(path if folder else path.parent, f"--out {path}")
 
 

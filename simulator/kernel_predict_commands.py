@@ -17,7 +17,7 @@ from forecast.kernels import FAMILY_OPS, GEMM_FAMILIES, Dtype, KernelSpec, OpFam
 from forecast.predict import LATENCY_MODELS, ModelError, load_latency_model
 from forecast.report import ReportError, eval_lines, kernel_header, kernel_lines
 from forecast.tensor_core import TensorCoreError
-from simulator.collect_commands import check_dims, gemm_kernel
+from simulator.collect_commands import gemm_kernel, parse_dims
 from simulator.errors import ConfigError, path_arg
 
 KERNEL_ERRORS: tuple[type[Exception], ...] = (DataError, ModelError, TensorCoreError, ReportError)
@@ -82,14 +82,6 @@ def add_eval_command(ks: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     e.set_defaults(handler=_eval)
 
 
-def _parse_dims(text: str) -> tuple[int, ...]:
-    try:
-        dims = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise ConfigError(f"--dims {text!r}: give comma-separated positive integers") from None
-    return check_dims(dims, text)
-
-
 # what --dims holds per op: (count, form); no op pads a missing size with 1
 DIMS_FORM = {
     "gemm": (3, "M,N,K (K the reduction)"),
@@ -119,7 +111,7 @@ def _kernel(args: argparse.Namespace) -> KernelSpec:
     except ValueError as e:
         raise ConfigError(f"--op: {e}") from e
     dtype = Dtype(args.dtype)
-    dims = _parse_dims(args.dims)
+    dims = parse_dims(args.dims)
     form = (
         DIMS_FORM["gemm-family"]
         if family in GEMM_FAMILIES
@@ -157,7 +149,11 @@ def _predict(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"latency_s": latency_s, "tflops": kernel.flops() / latency_s / 1e12}))
         return 0
-    print(kernel_header(kernel, gpu, gemm_dims=args.dims if args.op == "gemm" else None))
+    print(
+        kernel_header(
+            kernel, gpu, gemm_dims=args.dims.replace(" ", "") if args.op == "gemm" else None
+        )
+    )
     print("\n".join(f"  {line}" for line in kernel_lines(kernel, gpu, model, latency_s)))
     return 0
 

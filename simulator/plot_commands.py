@@ -44,6 +44,8 @@ def _plot(args: argparse.Namespace) -> int:
     if args.top is not None:
         at_least("--top", args.top, 1)
     path = Path(args.dir)
+    if not path.exists():  # it read "no rows (run `tilesim sweep` first)", as if swept there
+        raise FileNotFoundError(f"{path}: no such folder or file; give a sweep's folder")
     rows = load_rows(path)
     out = path if path.is_dir() else path.parent
     check_files(out, [f"{f}.png" for f in FIGURES], f"plot {args.dir}")

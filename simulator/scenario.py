@@ -11,6 +11,7 @@ are `simulator.model_section` and `simulator.cluster_section`. `resolve` turns i
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,9 @@ class StudySection(BaseModel):
     """What the study is."""
 
     model_config = _FROZEN
-    name: str = Field(description="the study's name; a sweep writes to results/<name>/<hash>/")
+    name: str = Field(
+        min_length=1, description="the study's name; a sweep writes to results/<name>/<hash>/"
+    )
     description: str = Field(default="", description="free text for the report")
 
 
@@ -137,11 +140,28 @@ def parse_scenario(raw: dict[str, Any], *, source: str, base_dir: Path) -> Scena
     try:
         return Scenario.model_validate({**raw, "base_dir": str(base_dir)})
     except ValidationError as e:
-        first = e.errors()[0]
+        # an unknown key first: a misspelt one also leaves the key it meant missing, and
+        # "key 'study': Field required" did not say that the file's [studyx] was the typo
+        errors = e.errors()
+        first = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
         loc = ".".join(str(x) for x in first["loc"])
-        unknown = first["type"] == "extra_forbidden"
-        hint = "; `tilesim list keys` prints every key" if unknown else ""
-        raise ConfigError(f"{source}: key {loc!r}: {first['msg']}{hint}") from e
+        if first["type"] == "extra_forbidden":
+            raise ConfigError(f"{source}: {_unknown_key(first['loc'])}") from e
+        raise ConfigError(f"{source}: key {loc!r}: {first['msg']}") from e
+
+
+def _unknown_key(loc: tuple[int | str, ...]) -> str:
+    """``key 'K' is not a scenario key``, with ``did you mean`` the closest key its table
+    takes (if one is close) and the pointer to `tilesim list keys`."""
+    model: Any = Scenario
+    for part in loc[:-1]:  # the table the key sits in: a pydantic model, else no suggestion
+        field = getattr(model, "model_fields", {}).get(part)
+        model = field.annotation if field is not None else None
+    known = list(getattr(model, "model_fields", {}))
+    close = difflib.get_close_matches(str(loc[-1]), [k for k in known if k != "base_dir"], n=1)
+    key = ".".join(map(str, loc))
+    mean = f"; did you mean {'.'.join(map(str, (*loc[:-1], close[0])))!r}?" if close else ""
+    return f"key {key!r} is not a scenario key{mean} (`tilesim list keys` prints every key)"
 
 
 def load_scenario(path: str | Path, *, overrides: tuple[str, ...] = ()) -> Scenario:
@@ -223,6 +243,10 @@ def resolve(s: Scenario) -> SimInputs:
         gpu = load_gpu(beside_scenario(s.base_dir, s.cluster.gpu))
     except GPUError as e:
         raise ConfigError(f"cluster.gpu: {e}") from e
+    try:  # "dtype fp8: ..." named no key (the flag of `kernels predict` is --dtype)
+        gpu.peak_for(s.training.dtype)
+    except GPUError as e:
+        raise ConfigError(f"training.{e}") from e
     try:
         cluster = resolve_cluster(s.cluster, s.base_dir)
     except TopologyError as e:  # not the server's or network's file (those name their key)

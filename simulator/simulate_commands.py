@@ -20,7 +20,13 @@ from simulator.dist_validate import (
     check_published,
     markdown,
 )
-from simulator.errors import ConfigError, add_set_option, cannot_write_in, path_arg
+from simulator.errors import (
+    ConfigError,
+    add_set_option,
+    cannot_write_in,
+    path_arg,
+    refuse_special_file,
+)
 from simulator.models import DEFAULT_DATA_DIR
 from simulator.parallel import RunConfig
 from simulator.results import StepResult
@@ -132,6 +138,7 @@ def _check_trace_path(path: Path) -> None:
     """``--trace`` names a file this run can write: not a folder, its folder existing."""
     if path.is_dir() or not path.name:
         raise ConfigError(f"--trace {path} is a folder; give a file name such as step.json")
+    refuse_special_file(path, "--trace")
     if not path.parent.is_dir():
         raise ConfigError(f"--trace {path}: {path.parent} is not a folder; create it first")
     why = cannot_write_in(path.parent)

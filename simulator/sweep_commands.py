@@ -49,6 +49,8 @@ from simulator.sweep_folder import (
     write_resolved,
 )
 
+LOCAL_CPUS = os.cpu_count() or 2  # a local Ray's CPUs unless --workers says otherwise
+
 
 def add_sweep_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``sweep`` and ``plot``."""
@@ -71,10 +73,13 @@ def _add_executor_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workers",
         type=int,
-        default=os.cpu_count() or 2,
-        help="local Ray CPUs (default: this machine's, %(default)s)",
+        default=None,
+        help=f"local Ray CPUs (default: this machine's, {LOCAL_CPUS}); not with --address or "
+        "--serial",
     )
-    p.add_argument("--serial", action="store_true", help="no Ray; identical rows")
+    p.add_argument(
+        "--serial", action="store_true", help="no Ray; identical rows; not with --address"
+    )
 
 
 def _add_ranking_options(p: argparse.ArgumentParser) -> None:
@@ -142,8 +147,22 @@ def _tier(
     return [r for r in log.rows(tier) if r["key"] in wanted]
 
 
+def _check_executor(args: argparse.Namespace) -> None:
+    """``--workers`` sizes a local Ray only: with ``--serial`` or ``--address`` (the cluster's
+    CPUs) it was ignored, as ``--address`` was with ``--serial``; refuse each pair."""
+    if args.workers is not None:
+        at_least("--workers", args.workers, 1)
+    given = [f for f, v in (("--serial", args.serial), ("--address", args.address)) if v]
+    if len(given) == 2 or (given and args.workers is not None):
+        pair = given if len(given) == 2 else [given[0], "--workers"]
+        why = "runs without Ray" if pair[0] == "--serial" else "runs on the cluster's CPUs"
+        raise ConfigError(f"{pair[0]} {why}, so {pair[1]} would be ignored; drop one of them")
+    if args.workers is None:
+        args.workers = LOCAL_CPUS
+
+
 def _check_args(args: argparse.Namespace) -> None:
-    at_least("--workers", args.workers, 1)
+    _check_executor(args)
     at_least("--top", args.top, 1)
     at_least("--candidates", args.candidates, 0)
     at_least("--per-context", args.per_context, 0)

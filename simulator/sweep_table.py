@@ -121,8 +121,13 @@ def _options(scenario: Scenario) -> list[tuple[str, dict[str, Any]]]:
     out: list[tuple[str, dict[str, Any]]] = []
     seen: dict[str, int] = {}
     for i, opt in enumerate(raw):
-        if not isinstance(opt, dict) or set(opt) - OPTION_KEYS:
-            bad = sorted(set(opt) - OPTION_KEYS) if isinstance(opt, dict) else opt
+        if not isinstance(opt, dict):  # it was "unknown keys 1"
+            raise ConfigError(
+                f"sweep.options[{i}]: {opt!r} is not a table; write each option as "
+                "[[sweep.options]] with keys " + ", ".join(sorted(OPTION_KEYS))
+            )
+        if set(opt) - OPTION_KEYS:
+            bad = sorted(set(opt) - OPTION_KEYS)
             raise ConfigError(f"sweep.options[{i}]: unknown keys {bad}; use {sorted(OPTION_KEYS)}")
         for key in ("price_per_gpu_hour", "power_w_per_gpu"):
             if key in opt:

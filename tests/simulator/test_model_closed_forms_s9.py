@@ -201,7 +201,8 @@ def test_predict_and_scenarios_fall_back_to_core_attention_below_sm80() -> None:
     assert got == predict_run(model, v100, unfused, RooflineModel())
     assert got.by_family_ms["softmax"] > 0
     tiny = pathlib.Path(__file__).resolve().parents[2] / "scenarios" / "tiny_gpt_8gpu.toml"
-    sets = ["cluster.gpu='v100-sxm2-32gb'", "cluster.server='dgx1-v100'"]
+    # fp16: a V100 has no bf16 rate (the scenario's bf16 is refused there, naming the key)
+    sets = ["cluster.gpu='v100-sxm2-32gb'", "cluster.server='dgx1-v100'", "training.dtype='fp16'"]
     assert resolve(load_scenario(tiny, overrides=sets)).attention == "unfused"
     with pytest.raises(ConfigError, match=r"^training\.attention: flash, but FlashAttention-2"):
         resolve(load_scenario(tiny, overrides=[*sets, "training.attention='flash'"]))

@@ -331,8 +331,8 @@ def test_sweep_beside_and_on_a_running_ray_cluster(tmp_path: Path, ray_head: str
     the cluster; both give the rows of a serial run."""
     serial, embedded, joined = tmp_path / "serial", tmp_path / "embedded", tmp_path / "joined"
     assert _sweep(serial) == 0
-    argv = ["sweep", str(TINY), "--no-progress", "--workers", "2"]
-    assert main([*argv, "--out", str(embedded)]) == 0
+    argv = ["sweep", str(TINY), "--no-progress"]
+    assert main([*argv, "--out", str(embedded), "--workers", "2"]) == 0
     assert main([*argv, "--out", str(joined), "--address", ray_head]) == 0
     assert load_rows(embedded) == load_rows(serial)
     assert load_rows(joined) == load_rows(serial)
