@@ -120,7 +120,9 @@ def step_lines(inputs: SimInputs, run: RunConfig, result: StepResult) -> list[st
         f"{inputs.dtype.value}; tp {run.tp}, pp {run.pp}{chunks}, dp {result.dp}"
         + (f", cp {run.cp}" if run.cp > 1 else "")
         + (f", ep {run.ep}" if run.ep > 1 else "")
-        + f"; {result.num_micro_batches} micro-batches of {run.micro_batch_size} x "
+        + f"; {result.num_micro_batches} micro-batch"
+        + ("es" if result.num_micro_batches != 1 else "")
+        + f" of {run.micro_batch_size} x "
         f"{inputs.seq_len:,} tokens per replica, {run.schedule} schedule",
         f"  step      {duration_text(result.iteration_s)} (forward+backward "
         f"{duration_text(result.forward_backward_s)}, optimizer "

@@ -359,6 +359,13 @@ def test_simulate_prints_the_layout_and_every_figure_with_its_unit(
     assert "fits=" not in out
 
 
+def test_simulate_names_one_micro_batch_in_the_singular(capsys: pytest.CaptureFixture[str]) -> None:
+    """A replica of one micro-batch printed "1 micro-batches of 2 x 128 tokens"."""
+    code, out, _ = _run(capsys, "simulate", str(TINY), "--set", "training.global_batch_size=4")
+    assert code == 0
+    assert "; 1 micro-batch of 2 x 128 tokens per replica" in out.splitlines()[0]
+
+
 def _trace(tmp_path: Path, *sets: str) -> list[dict[str, Any]]:
     """The trace events of the tiny scenario (``--set`` overrides ``sets``)."""
     trace = tmp_path / "step.json"
