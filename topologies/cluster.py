@@ -31,7 +31,9 @@ class GroupLinks:
     `topologies.nics.gpu_inter_bw` (its share of a NIC that GPUs share, the NIC no faster
     than its PCIe link, the GPU no faster than its own).
     ``nic_on_intra_link``: a GPU reaches its NIC over the same link it reaches its peers by
-    (a PCIe-only server: one x16 link carries both), so intra and inter traffic add up.
+    (a PCIe-only server: one x16 link carries both): a hierarchical algorithm's in-node and
+    network phases, one after the other, add up; an all-to-all's, sent at once, load the link
+    with both.
     ``spine``: how much an oversubscribed leaf-spine tier slows each traffic pattern of this
     group (ring, tree, all-to-all), given where its nodes sit; ``inter_bw_bytes_per_s`` is
     before it (`inter_bw_for` after).
