@@ -15,7 +15,7 @@ from typing import Literal
 import networkx as nx
 
 from topologies.mesh import all_to_all_share, group_share
-from topologies.nics import gpu_inter_bw, link_scale, nic_of, nic_scale
+from topologies.nics import gpu_inter_bw, link_scale, nic_of, nic_scale, pcie_line_bw
 from topologies.spec import ClusterSpec, LinkTier, NVLSSpec, TierKind, TopologyError
 from topologies.spine import SpineSlowdown, spine_slowdown
 
@@ -189,7 +189,8 @@ class Cluster:
 
         Nodes are tuples (``("gpu", node, i)``, ``("nvswitch", node)``, ``("nic", node, i)``,
         ``("leaf", rail, group)``, ``("spine", rail)``) with a ``kind`` attribute; edges carry
-        ``bw_bytes_per_s_per_dir`` and ``tier``.
+        ``bw_bytes_per_s_per_dir`` (line rate) and ``tier``. A GPU's edge to its NIC (``pcie``)
+        is no faster than the GPU's x16 link, where the server file gives one.
         """
         g = nx.Graph()
         for node in range(self.spec.num_nodes):
@@ -227,7 +228,8 @@ class Cluster:
             g.add_node(nic, kind="nic", network=net.id)
             for gpu in range(srv.gpus_per_node):  # every GPU sharing the NIC reaches it
                 if nic_of(srv, gpu) == nic_of(srv, local):
-                    g.add_edge(("gpu", node, gpu), nic, bw_bytes_per_s_per_dir=bw, tier="pcie")
+                    pcie = self._pcie_path_bw(node, gpu, bw)
+                    g.add_edge(("gpu", node, gpu), nic, bw_bytes_per_s_per_dir=pcie, tier="pcie")
             leaf = ("leaf", rail, leaf_group)
             g.add_node(leaf, kind="leaf")
             g.add_edge(nic, leaf, bw_bytes_per_s_per_dir=bw, tier="inter")
@@ -240,3 +242,13 @@ class Cluster:
                     bw_bytes_per_s_per_dir=up / self.spec.oversubscription,
                     tier="inter",
                 )
+
+    def _pcie_path_bw(self, node: int, gpu: int, nic_bw: float) -> float:
+        """A GPU's PCIe path to its NIC, line rate: the NIC's rate, no faster than the GPU's x16
+        link (on a PCIe server scaled by its ``intra`` degradation: it is that link), as
+        `topologies.nics.gpu_inter_bw` caps the NIC's effective rate."""
+        pcie = pcie_line_bw(self.server)
+        if pcie is None:
+            return nic_bw
+        own = self._scale("intra", node, gpu) if self.server.fabric == "pcie" else 1.0
+        return min(nic_bw, pcie * own)
