@@ -102,6 +102,20 @@ def _add_collective(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "PCIe server; * = all); repeatable, and the scales of one link multiply",
     )
     p.add_argument(
+        "--oversubscription",
+        type=float,
+        default=1.0,
+        metavar="R",
+        help="leaf down:up bandwidth of the fat tree, >= 1 (default: 1, non-blocking)",
+    )
+    p.add_argument(
+        "--nodes-per-leaf",
+        type=int,
+        default=32,
+        metavar="N",
+        help="nodes under one leaf group, >= 1 (default: 32)",
+    )
+    p.add_argument(
         "--json",
         action="store_true",
         help="print one JSON object: time_s, algbw_GBps, busbw_GBps (GB/s = 1e9 bytes/s), "
@@ -156,8 +170,22 @@ def _collective(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--gpus {args.gpus}: a collective needs 2 or more ranks; use --gpus 2 or more"
         )
+    if not (math.isfinite(args.oversubscription) and args.oversubscription >= 1):
+        raise ConfigError(
+            f"--oversubscription {args.oversubscription:g}: give a finite ratio >= 1 "
+            "(1 = non-blocking)"
+        )
+    if args.nodes_per_leaf < 1:
+        raise ConfigError(f"--nodes-per-leaf {args.nodes_per_leaf}: give 1 or more nodes")
     degr = tuple(_parse_degrade(d) for d in args.degrade)
-    cluster = load_cluster(args.cluster, gpus=args.gpus, network=args.network, degradations=degr)
+    cluster = load_cluster(
+        args.cluster,
+        gpus=args.gpus,
+        network=args.network,
+        oversubscription=args.oversubscription,
+        nodes_per_leaf=args.nodes_per_leaf,
+        degradations=degr,
+    )
     ranks = range(args.gpus)
     est = collective_estimate(args.op, args.bytes, ranks, cluster, algorithm=args.algorithm)
     if not args.json:

@@ -189,8 +189,9 @@ def hierarchical(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
 def direct(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
     """Pairwise exchange for all-to-all and send/recv; NIC-bound across nodes.
 
-    In a node an all-to-all sends to every peer at once: on a switch or PCIe the GPU's link
-    carries (ppn - 1)/n S; on a mesh each pair's own links do (`GroupLinks`)."""
+    An all-to-all posts every peer's send at once (nccl-tests alltoall: one group of sends and
+    receives), so its in-node and network parts run together: the time is the slower of the
+    links they load (`_all_to_all_s`)."""
     if op not in ("all-to-all", "send-recv"):
         return None
     if op == "send-recv":
@@ -199,16 +200,28 @@ def direct(op: Op, nbytes: float, g: GroupLinks) -> list[Phase] | None:
             return [Phase(nbytes, bw, g.intra_latency_s, 0.0)]
         bw = g.inter_bw_for("ring") / g.ranks_per_node  # one stream: a ring of two
         return [Phase(nbytes, bw, g.inter_latency_s, 0.0)]
+    wire = nbytes * (g.size - 1) / g.size
+    latency = (g.ranks_per_node - 1) * g.intra_latency_s + (g.num_nodes - 1) * g.inter_latency_s
+    return [Phase(wire, wire / _all_to_all_s(nbytes, g), latency, 0.0)]
+
+
+def _all_to_all_s(nbytes: float, g: GroupLinks) -> float:
+    """Data time of a rank's all-to-all sends, S in all, (n - 1)/n S of it to others.
+
+    In-node sends: (ppn - 1)/n S over the GPU's fabric link (a switch), or each pair's own
+    links (a mesh, `GroupLinks.a2a_intra_bw_bytes_per_s`). Network sends: (n - ppn)/n S at the
+    GPU's share of its NIC. Both at once, so the slower one sets the time; on a PCIe server
+    both also cross the GPU's one x16 link, which then carries all (n - 1)/n S."""
     n, ppn = g.size, g.ranks_per_node
-    intra_bw = g.a2a_intra_bw_bytes_per_s or g.intra_bw_bytes_per_s  # a mesh: per-pair links
-    intra_s = nbytes * (ppn - 1) / n / intra_bw if ppn > 1 else 0.0
+    intra_bw = g.a2a_intra_bw_bytes_per_s or g.intra_bw_bytes_per_s
+    intra_bytes = nbytes * (ppn - 1) / n
     inter_s = 0.0
     if g.num_nodes > 1:
         inter_s = nbytes * (n - ppn) / n / (g.inter_bw_for("all_to_all") / ppn)
-    wire = nbytes * (n - 1) / n
-    bw = wire / (intra_s + inter_s if g.nic_on_intra_link else max(intra_s, inter_s))
-    latency = (ppn - 1) * g.intra_latency_s + (g.num_nodes - 1) * g.inter_latency_s
-    return [Phase(wire, bw, latency, 0.0)]
+    if g.nic_on_intra_link:
+        intra_bytes = nbytes * (n - 1) / n
+    intra_s = intra_bytes / intra_bw if intra_bytes > 0 else 0.0
+    return max(intra_s, inter_s)
 
 
 ALGORITHMS: dict[str, Algorithm] = {

@@ -121,6 +121,7 @@ def load_cluster(
     gpus: int,
     network: str | None = None,
     oversubscription: float = 1.0,
+    nodes_per_leaf: int = 32,
     degradations: tuple[Degradation, ...] = (),
 ) -> Cluster:
     """Build a cluster of ``ceil(gpus / gpus_per_node)`` nodes of one server type.
@@ -130,6 +131,7 @@ def load_cluster(
         gpus: GPUs wanted; at least 1.
         network: network id; defaults to the server's compute NICs.
         oversubscription: fat-tree leaf down:up bandwidth ratio (1 = non-blocking).
+        nodes_per_leaf: nodes under one leaf group, whose uplinks ``oversubscription`` thins.
         degradations: slower or missing links, each on a node and GPU of the cluster.
     """
     if gpus < 1:
@@ -151,6 +153,7 @@ def load_cluster(
             network=_network(spec, network, gpus=gpus, nodes=nodes),
             num_nodes=nodes,
             oversubscription=oversubscription,
+            nodes_per_leaf=nodes_per_leaf,
             degradations=degradations,
         )
     )

@@ -15,7 +15,7 @@ from typing import Literal
 import networkx as nx
 
 from topologies.mesh import all_to_all_share, group_share
-from topologies.nics import gpu_inter_bw, link_scale, nic_of, nic_scale
+from topologies.nics import gpu_inter_bw, link_scale, nic_of, nic_scale, pcie_line_bw
 from topologies.spec import ClusterSpec, LinkTier, NVLSSpec, TierKind, TopologyError
 from topologies.spine import SpineSlowdown, spine_slowdown
 
@@ -31,7 +31,9 @@ class GroupLinks:
     `topologies.nics.gpu_inter_bw` (its share of a NIC that GPUs share, the NIC no faster
     than its PCIe link, the GPU no faster than its own).
     ``nic_on_intra_link``: a GPU reaches its NIC over the same link it reaches its peers by
-    (a PCIe-only server: one x16 link carries both), so intra and inter traffic add up.
+    (a PCIe-only server: one x16 link carries both): a hierarchical algorithm's in-node and
+    network phases, one after the other, add up; an all-to-all's, sent at once, load the link
+    with both.
     ``spine``: how much an oversubscribed leaf-spine tier slows each traffic pattern of this
     group (ring, tree, all-to-all), given where its nodes sit; ``inter_bw_bytes_per_s`` is
     before it (`inter_bw_for` after).
@@ -187,7 +189,8 @@ class Cluster:
 
         Nodes are tuples (``("gpu", node, i)``, ``("nvswitch", node)``, ``("nic", node, i)``,
         ``("leaf", rail, group)``, ``("spine", rail)``) with a ``kind`` attribute; edges carry
-        ``bw_bytes_per_s_per_dir`` and ``tier``.
+        ``bw_bytes_per_s_per_dir`` (line rate) and ``tier``. A GPU's edge to its NIC (``pcie``)
+        is no faster than the GPU's x16 link, where the server file gives one.
         """
         g = nx.Graph()
         for node in range(self.spec.num_nodes):
@@ -225,7 +228,8 @@ class Cluster:
             g.add_node(nic, kind="nic", network=net.id)
             for gpu in range(srv.gpus_per_node):  # every GPU sharing the NIC reaches it
                 if nic_of(srv, gpu) == nic_of(srv, local):
-                    g.add_edge(("gpu", node, gpu), nic, bw_bytes_per_s_per_dir=bw, tier="pcie")
+                    pcie = self._pcie_path_bw(node, gpu, bw)
+                    g.add_edge(("gpu", node, gpu), nic, bw_bytes_per_s_per_dir=pcie, tier="pcie")
             leaf = ("leaf", rail, leaf_group)
             g.add_node(leaf, kind="leaf")
             g.add_edge(nic, leaf, bw_bytes_per_s_per_dir=bw, tier="inter")
@@ -238,3 +242,13 @@ class Cluster:
                     bw_bytes_per_s_per_dir=up / self.spec.oversubscription,
                     tier="inter",
                 )
+
+    def _pcie_path_bw(self, node: int, gpu: int, nic_bw: float) -> float:
+        """A GPU's PCIe path to its NIC, line rate: the NIC's rate, no faster than the GPU's x16
+        link (on a PCIe server scaled by its ``intra`` degradation: it is that link), as
+        `topologies.nics.gpu_inter_bw` caps the NIC's effective rate."""
+        pcie = pcie_line_bw(self.server)
+        if pcie is None:
+            return nic_bw
+        own = self._scale("intra", node, gpu) if self.server.fabric == "pcie" else 1.0
+        return min(nic_bw, pcie * own)

@@ -56,6 +56,16 @@ def pcie_bw(server: ServerSpec) -> float | None:
     return None
 
 
+def pcie_line_bw(server: ServerSpec) -> float | None:
+    """The line rate, one direction, of the x16 link `pcie_bw` reads (before its efficiency);
+    None where none is filed."""
+    if server.fabric == "pcie":
+        return server.intra.bw_bytes_per_s_per_dir
+    if server.pcie is not None:
+        return server.pcie.bw_bytes_per_s_per_dir
+    return server.host_bw_bytes_per_s_per_dir
+
+
 def nics_kept(server: ServerSpec, gpus: int) -> int:
     """NICs a node of ``server`` cut (or grown) to ``gpus`` GPUs has: each GPU keeps the NIC its
     PCIe switch joins it to, so the server's GPUs per NIC hold (DGX-1, 2 a NIC: 4 GPUs keep 2

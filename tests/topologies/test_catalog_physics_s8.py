@@ -202,8 +202,9 @@ def test_group_inside_one_server_is_never_slower_than_spread(server: str, k: int
 
 def test_pcie_inter_node_traffic_shares_the_gpu_link() -> None:
     # closed form at a size where latency is negligible: intra RS+AG over 2 ranks moves S at the
-    # PCIe ring rate, the 2-node all-reduce of S/2 moves S/2 at half a NIC; on one x16 link
-    # they add up
+    # PCIe ring rate, the 2-node all-reduce of S/2 moves S/2 at half a NIC; the phases run one
+    # after the other (each one's output is the next one's input), over one x16 link, so they
+    # add up (a direct all-to-all's sends run at once: test_all_to_all_concurrent_s20)
     c = load_cluster("pcie-h100-8gpu", gpus=16)
     g = c.group_links([0, 1, 8, 9])
     s = 2.0**36

@@ -1,0 +1,65 @@
+"""`Cluster.to_graph`'s GPU-to-NIC edges (tier ``pcie``) are no faster than the GPU's x16 link.
+
+The bandwidth model (`topologies.nics.gpu_inter_bw`) serves a GPU's NIC no faster than the
+GPU's PCIe x16 link; the graph gave the edge the NIC's rate: an XDR NIC's 100 GB/s a direction
+on a Gen5 x16 link of 64. Now the edge is the lesser of the NIC (with its degradation) and the
+x16 link (on a PCIe server with the GPU's ``intra`` degradation: it is that link), at line
+rate, as every edge of the graph is.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from topologies import Degradation, load_cluster, load_network
+
+GEN5_X16, GEN3_X16 = 6.4e10, 1.6e10  # line rates, one direction
+
+
+def _nic_edge(server: str, network: str, *degr: Degradation) -> float:
+    g = load_cluster(server, gpus=16, network=network, degradations=degr).to_graph()
+    return float(g.edges[("gpu", 0, 0), ("nic", 0, 0)]["bw_bytes_per_s_per_dir"])
+
+
+def _port(network: str) -> float:
+    return load_network(network).link.bw_bytes_per_s_per_dir
+
+
+@pytest.mark.parametrize(
+    ("server", "network", "x16"),
+    [
+        ("pcie-h100-8gpu", "ib-xdr", GEN5_X16),
+        ("pcie-h100-8gpu", "ib-ndr", GEN5_X16),
+        ("dgx-h100", "ib-xdr", GEN5_X16),
+        ("dgx-h100", "ib-ndr", GEN5_X16),
+        ("dgx1-v100", "ib-ndr", GEN3_X16),  # its host path
+        ("dgx1-v100", "ib-edr", GEN3_X16),
+    ],
+)
+def test_the_gpu_nic_edge_is_the_lesser_of_nic_and_x16(
+    server: str, network: str, x16: float
+) -> None:
+    assert _nic_edge(server, network) == min(_port(network), x16)
+
+
+def test_xdr_on_gen5_is_capped_at_the_x16_link() -> None:
+    assert _port("ib-xdr") > GEN5_X16
+    assert _nic_edge("dgx-h100", "ib-xdr") == GEN5_X16
+
+
+def test_no_pcie_on_file_leaves_the_nic_rate() -> None:
+    assert load_cluster("gb200-nvl72", gpus=72).server.pcie is None
+    g = load_cluster("gb200-nvl72", gpus=144, network="ib-xdr").to_graph()
+    edge = g.edges[("gpu", 0, 0), ("nic", 0, 0)]["bw_bytes_per_s_per_dir"]
+    assert edge == _port("ib-xdr")
+
+
+def test_degradations_scale_the_edge_as_the_model_does() -> None:
+    # a PCIe server's intra link is the x16 link: it caps the NIC path too
+    half_x16 = Degradation(tier="intra", node=0, local_rank=0, bw_scale=0.5)
+    assert _nic_edge("pcie-h100-8gpu", "ib-ndr", half_x16) == GEN5_X16 / 2
+    # an NVSwitch server's intra link is NVLink: the NIC path keeps its x16 cap
+    assert _nic_edge("dgx-h100", "ib-xdr", half_x16) == GEN5_X16
+    # a NIC at a quarter of XDR (25 GB/s) is now the slower
+    slow_nic = Degradation(tier="inter", node=0, local_rank=0, bw_scale=0.25)
+    assert _nic_edge("pcie-h100-8gpu", "ib-xdr", slow_nic) == _port("ib-xdr") * 0.25
