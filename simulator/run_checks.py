@@ -99,12 +99,20 @@ def check_tp_nodes(tp: int, gpus_per_node: int) -> None:
 
 def micro_batches(run: RunConfig, dp: int, *, global_batch_size: int, seq_len: int) -> int:
     """Micro-batches per step of one DP replica; the global batch must split into whole ones,
-    and the sequence over the CP ranks."""
+    and the sequence into ``2 cp`` load-balanced chunks over the CP ranks."""
     per_step = run.micro_batch_size * dp
     _need(
         global_batch_size % per_step == 0,
         "training.global_batch_size",
         f"must be a multiple of micro_batch_size*dp = {per_step}",
     )
-    _need(seq_len % run.cp == 0, "run.cp", f"must divide seq_len = {seq_len}")
+    # Megatron-LM's get_batch_on_this_cp_rank cuts the sequence into 2*cp chunks (rank r
+    # keeps r and 2cp-1-r) and TransformerEngine asserts each rank's share is even
+    chunks = 2 * run.cp if run.cp > 1 else 1
+    _need(
+        seq_len % chunks == 0,
+        "run.cp",
+        f"CP cuts the sequence into 2*cp = {chunks} chunks, so seq_len = {seq_len} must be a "
+        "multiple of 2*cp",
+    )
     return global_batch_size // per_step

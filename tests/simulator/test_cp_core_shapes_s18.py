@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from forecast.kernels import CAUSAL_ATTENTION_OPS, Dtype, KernelSpec, OpFamily
+from simulator.cli import main
 from simulator.context_parallel import Counted, schedule_core
 from simulator.dist_memory import stage_memory
 from simulator.parallel import RunConfig
@@ -183,3 +184,18 @@ def test_one_screen_cache_keeps_each_schedule_s_core() -> None:
         assert screen(shared, run).iteration_s == pytest.approx(
             simulate(inputs, run, table).iteration_s, rel=1e-12
         )
+
+
+@pytest.mark.parametrize(("seq_len", "code"), [(130, 2), (132, 0)])
+def test_cp_needs_a_sequence_of_whole_load_balanced_chunks(
+    seq_len: int, code: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Megatron cuts the sequence into ``2 cp`` chunks (rank r keeps r and 2cp-1-r), so at cp 2
+    a sequence of 130 (divisible by cp, not by 2 cp) is refused naming run.cp; 132 runs."""
+    sets = ["run.cp=2", "run.pp=1", f"model.seq_len={seq_len}"]
+    argv = ["simulate", "tiny-gpt-8gpu", *(a for s in sets for a in ("--set", s))]
+    assert main(argv) == code
+    err = capsys.readouterr().err.strip()
+    if code:
+        assert err.count("\n") == 0 and err.startswith("tilesim: error: run.cp:")
+        assert "multiple of 2*cp" in err
