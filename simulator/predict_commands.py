@@ -181,11 +181,11 @@ def _predict_module(args: argparse.Namespace) -> int:
     res, unmapped = predict_module(args.module, gpu, run, latency_model(args.latency_model))
     if args.json:
         print(json.dumps({**res.model_dump(), "unmapped_ops": unmapped}))
-        return 0
-    _print_result(res, run.mode, gpu.hbm_bytes / 2**30)
-    listed = ", ".join(f"{k} x{n}" for k, n in unmapped.items()) or "none"
-    print(f"unmapped aten ops (priced as copies): {listed}")
-    return 0
+    else:
+        _print_result(res, run.mode, gpu.hbm_bytes / 2**30)
+        listed = ", ".join(f"{k} x{n}" for k, n in unmapped.items()) or "none"
+        print(f"unmapped aten ops (priced as copies): {listed}")
+    return 0 if res.fits else 1
 
 
 def _run_one(
@@ -245,7 +245,7 @@ def _predict(args: argparse.Namespace) -> int:
         res = _run_one(spec, args, flags=True)
         hbm_gib = load_gpu(str(spec["gpu"])).hbm_bytes / 2**30
         _print_result(res, str(spec["mode"]), hbm_gib, as_json=args.json)
-        return 0
+        return 0 if res.fits else 1  # as `tilesim simulate`: the forecast, then the verdict
     return _predict_runs(args)
 
 

@@ -109,7 +109,7 @@ def _serve(args: argparse.Namespace) -> int:
 
         path = plot_serve(req, title, curve, at, res.max_batch, args.plot)
         print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
-    return 0
+    return 0 if res.fits else 1  # as `tilesim simulate`: the forecast, then the verdict
 
 
 def _forecast(
@@ -182,9 +182,17 @@ def serve_text(res: ServeResult, req: ServeRequest) -> str:
     lines.append(
         f"  memory per GPU {res.memory_gib:.2f} GiB (weights {res.weights_gib:.2f}, KV cache "
         f"{res.kv_cache_gib:.2f}, prefill activations {res.activations_gib:.2f})\n"
-        f"  fits={res.fits}, largest batch that fits {res.max_batch}"
+        f"  {_verdict(res)}"
     )
     return "\n".join(lines)
+
+
+def _verdict(res: ServeResult) -> str:
+    """Whether the batch fits, and the largest that does (0: the weights alone do not)."""
+    fits = "fits" if res.fits else "does NOT fit"
+    if res.max_batch == 0:
+        return f"{fits}: the weights alone do not fit in GPU memory"
+    return f"{fits}; the largest batch that fits is {res.max_batch:,}"
 
 
 def _print(res: ServeResult, req: ServeRequest) -> None:

@@ -4,6 +4,7 @@ code 2, no traceback, nothing written."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -188,3 +189,25 @@ def test_plot_of_a_folder_that_does_not_exist_says_so(
 ) -> None:
     missing = tmp_path / "typo"
     refused(["plot", str(missing)], capsys, f"{missing}: no such folder or file")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        "predict --model llama2-70b --gpu a100-pcie-80gb --batch 1 --seq 128 --mode train --json",
+        "serve --model llama2-70b --gpu a100-pcie-80gb --batch 1 --prompt 128 --gen 4",
+    ],
+)
+def test_a_forecast_that_does_not_fit_prints_and_exits_1(
+    argv: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Llama-2 70B's weights alone overflow an 80 GiB A100: `predict` and `serve` printed the
+    forecast and exited 0 where `simulate` of a layout that does not fit exits 1; serve's text
+    said ``fits=False`` as a Python bool."""
+    assert main(argv.split()) == 1
+    out = capsys.readouterr().out
+    assert out.strip() and "fits=" not in out
+    if argv.startswith("serve"):
+        assert "does NOT fit: the weights alone do not fit in GPU memory" in out
+    else:
+        assert json.loads(out)["fits"] is False
