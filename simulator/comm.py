@@ -58,6 +58,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from forecast.kernels import ITEMSIZE_BYTES
+from simulator import moe_routing
 from simulator.context_parallel import blocking_collectives
 from simulator.memory import activation_itemsize_bytes
 from simulator.opgraph import te_fp8
@@ -252,9 +253,9 @@ def routed_share(inputs: SimInputs, layout: Layout) -> float:
     """Share of a rank's ``tokens x experts_per_token`` routed rows that its experts run and
     its dispatcher moves: 1, or under an ``expert_capacity`` that binds what the cap keeps
     (Megatron-core's all-to-all dispatcher with a capacity factor and no padding permutes and
-    sends ``num_out_tokens``, the kept rows; `ModelSpec.routed_rows` of the shard, whose cap
-    `stagecost.shard_model` scales to the rank's ``s / cp``: `ModelSpec.routed_share`); the
+    sends ``num_out_tokens``, the kept rows; `moe_routing.routed_rows` of the shard, whose cap
+    `stagecost.shard_model` scales to the rank's ``s / cp``: `moe_routing.routed_share`); the
     same share of the routed rows the experts save activations for (`dist_memory`)."""
     run = layout.run
     tokens = run.micro_batch_size * inputs.seq_len // run.cp
-    return shard_model(inputs.model, run).routed_share(tokens, run.micro_batch_size)
+    return moe_routing.routed_share(shard_model(inputs.model, run), tokens, run.micro_batch_size)
