@@ -1,4 +1,5 @@
-"""Communication of one step: what each collective moves, priced by `topologies`.
+"""Per-layer communication of one micro-batch: what each TP, CP, EP and PP collective moves,
+priced by `topologies` (the DP collectives are `dp_comm`'s).
 
 Bytes per collective (nccl-tests size S; ``A = micro_batch * seq/cp * hidden * itemsize``,
 the itemsize of the hidden states: bf16 under fp8 training, where TransformerEngine runs only
@@ -48,15 +49,7 @@ sequence-parallel all-gathers, which TE quantizes first: ``A / 2``, `te_gather_b
   scatter/gather optimisation: each TP rank sends one slice, then the receiving TP group
   all-gathers ``A`` over its node fabric before the next stage can start; with sequence
   parallelism the activation is already split over TP and nothing is gathered).
-* DP over the dp x cp group: gradients (fp32 main grads for fp32/bf16/fp8, 16-bit for fp16):
-  all-reduce, or reduce-scatter plus an all-gather of the updated 16-bit parameters when the
-  optimizer is sharded (ZeRO-1/2, distributed optimizer); ZeRO-3 gathers parameters before
-  every forward and backward and reduce-scatters gradients after every backward, and so does
-  ZeRO-2 with more than one micro-batch (it keeps only its share of the gradients:
-  `stepcosts.scatters_every_backward`). Expert
-  parameters (MoE) are their own buffer, reduced and gathered over the expert-data-parallel
-  group instead: the dp x cp / ep ranks that hold the same experts (Megatron-LM's
-  ``expert_data_parallel_group``), so each DP collective below is one over each group.
+* DP (gradient reductions, parameter gathers, ZeRO-3): `dp_comm`.
 """
 
 from __future__ import annotations
@@ -65,18 +58,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from forecast.kernels import ITEMSIZE_BYTES
+from simulator import moe_routing
 from simulator.context_parallel import blocking_collectives
-from simulator.memory import (
-    activation_itemsize_bytes,
-    grad_itemsize_bytes,
-    param_itemsize_bytes,
-)
+from simulator.memory import activation_itemsize_bytes
 from simulator.opgraph import te_fp8
 from simulator.parallel import Layout
 from simulator.scenario import SimInputs
-from simulator.shard_params import end_tensors
 from simulator.stagecost import shard_model
-from topologies import Cluster, collective_estimate, collective_time_s
+from topologies import Cluster, collective_estimate
 from topologies.algorithms import Op
 
 
@@ -143,47 +132,75 @@ def te_gather_bytes(inputs: SimInputs, layout: Layout) -> float:
 
 def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
     """Per-micro-batch communication of one layer (see the module docstring)."""
-    run, cl, m = layout.run, inputs.cluster, inputs.model
+    run, cl = layout.run, inputs.cluster
     a = activation_bytes(inputs, layout)
-    g = layout.tp_group
+    tp = _tp_collectives(inputs, layout, a)
     sp = run.sequence_parallel
-    ag = collective_s("all-gather", a, g, cl)  # Megatron's own: head, embedding, PP hop
-    # the layer's linears' gathers (TransformerEngine's; fp8 under fp8 training)
-    te_ag = collective_s("all-gather", te_gather_bytes(inputs, layout), g, cl) if sp else 0.0
-    ar = 0.0 if sp else collective_s("all-reduce", a, g, cl)
-    rs = collective_s("reduce-scatter", a, g, cl) if sp else 0.0
-    tp_one = te_ag + rs if sp else ar
+    tp_one = tp.te_ag + tp.rs if sp else tp.ar
     tp_moe = _tp_moe_s(inputs, layout, a)
-    moe = m.num_experts > 1  # every layer (`ModelSpec.moe_every` > 1 is Switch only)
+    moe = inputs.model.num_experts > 1  # every layer (`ModelSpec.moe_every` > 1 is Switch only)
     pairs = 1 if moe else 2  # linear pairs moving ``A``: attention (and a dense MLP)
-    kv = 2 * run.micro_batch_size * inputs.seq_len * m.kv_heads * m.dhead / run.tp
-    kv_bytes = kv * activation_itemsize_bytes(inputs.dtype, inputs.framework)  # bf16 under fp8
+    kv_bytes = _kv_bytes(inputs, layout)
     ring = kv_bytes if run.cp_comm_type == "p2p" else 0.0
     cp_fw, cp_bw = _cp_blocking_s(inputs, layout, kv_bytes)
     ep = _ep_s(inputs, layout, a)
     return LayerComm(
         tp_fw_s=pairs * tp_one + tp_moe,
-        tp_bw_s=pairs * (tp_one + te_ag) + tp_moe,
-        tp_embed_fw_s=rs if sp else ar,
-        tp_embed_bw_s=ag if sp else 0.0,
-        tp_head_fw_s=ag if sp else 0.0,
-        tp_head_bw_s=rs if sp else ar,
+        tp_bw_s=pairs * (tp_one + tp.te_ag) + tp_moe,
+        tp_embed_fw_s=tp.rs if sp else tp.ar,
+        tp_embed_bw_s=tp.ag if sp else 0.0,
+        tp_head_fw_s=tp.ag if sp else 0.0,
+        tp_head_bw_s=tp.rs if sp else tp.ar,
         cp_kv_s=_ring_step_s(ring / run.cp, layout.cp_group, cl),
         cp_kv_grad_s=_ring_step_s(2 * ring / run.cp, layout.cp_group, cl),
         ep_fw_s=ep,
         ep_bw_s=ep,
-        pp_hop_s=max(
-            (collective_s("send-recv", a / run.tp, h, cl) for h in layout.pp_hops), default=0.0
-        )
-        + (0.0 if sp or run.pp == 1 else ag),
-        tp_ar_s=ar,
-        tp_ag_s=te_ag if sp else ag,
-        tp_rs_s=rs,
+        pp_hop_s=_pp_hop_s(inputs, layout, a, tp.ag),
+        tp_ar_s=tp.ar,
+        tp_ag_s=tp.te_ag if sp else tp.ag,
+        tp_rs_s=tp.rs,
         tp_moe_s=tp_moe,
         tp_pairs=pairs,
         cp_fw_s=cp_fw,
         cp_bw_s=cp_bw,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _TpCollectives:
+    """One TP collective of each kind a layer runs, seconds; 0.0 for those its layout runs
+    none of (``ar`` under sequence parallelism, ``te_ag`` and ``rs`` without it)."""
+
+    ag: float  # all-gather of ``A``: Megatron's own (head, embedding, PP hop)
+    te_ag: float  # the layer's linears' all-gather (TransformerEngine's: `te_gather_bytes`)
+    ar: float  # all-reduce of ``A``
+    rs: float  # reduce-scatter of ``A``
+
+
+def _tp_collectives(inputs: SimInputs, layout: Layout, a: float) -> _TpCollectives:
+    """The TP group's collectives of ``a`` bytes (``A``) under this layout."""
+    g, cl, sp = layout.tp_group, inputs.cluster, layout.run.sequence_parallel
+    return _TpCollectives(
+        ag=collective_s("all-gather", a, g, cl),
+        te_ag=collective_s("all-gather", te_gather_bytes(inputs, layout), g, cl) if sp else 0.0,
+        ar=0.0 if sp else collective_s("all-reduce", a, g, cl),
+        rs=collective_s("reduce-scatter", a, g, cl) if sp else 0.0,
+    )
+
+
+def _kv_bytes(inputs: SimInputs, layout: Layout) -> float:
+    """The whole sequence's K and V of one micro-batch on one TP rank (bf16 under fp8)."""
+    run, m = layout.run, inputs.model
+    kv = 2 * run.micro_batch_size * inputs.seq_len * m.kv_heads * m.dhead / run.tp
+    return kv * activation_itemsize_bytes(inputs.dtype, inputs.framework)
+
+
+def _pp_hop_s(inputs: SimInputs, layout: Layout, a: float, ag: float) -> float:
+    """One stage boundary's send-recv of ``a / tp`` bytes (its slowest hop), plus the receiving
+    TP group's all-gather ``ag`` of ``A`` without sequence parallelism."""
+    run, cl = layout.run, inputs.cluster
+    hop = max((collective_s("send-recv", a / run.tp, h, cl) for h in layout.pp_hops), default=0.0)
+    return hop + (0.0 if run.sequence_parallel or run.pp == 1 else ag)
 
 
 def _cp_blocking_s(inputs: SimInputs, layout: Layout, kv_bytes: float) -> tuple[float, float]:
@@ -236,128 +253,9 @@ def routed_share(inputs: SimInputs, layout: Layout) -> float:
     """Share of a rank's ``tokens x experts_per_token`` routed rows that its experts run and
     its dispatcher moves: 1, or under an ``expert_capacity`` that binds what the cap keeps
     (Megatron-core's all-to-all dispatcher with a capacity factor and no padding permutes and
-    sends ``num_out_tokens``, the kept rows; `ModelSpec.routed_rows` of the shard, whose cap
-    `stagecost.shard_model` scales to the rank's ``s / cp``: `ModelSpec.routed_share`); the
+    sends ``num_out_tokens``, the kept rows; `moe_routing.routed_rows` of the shard, whose cap
+    `stagecost.shard_model` scales to the rank's ``s / cp``: `moe_routing.routed_share`); the
     same share of the routed rows the experts save activations for (`dist_memory`)."""
     run = layout.run
     tokens = run.micro_batch_size * inputs.seq_len // run.cp
-    return shard_model(inputs.model, run).routed_share(tokens, run.micro_batch_size)
-
-
-def _dp_collective_s(
-    op: Op, params: float, expert: float, itemsize: int, inputs: SimInputs, layout: Layout
-) -> float:
-    """One DP collective of ``params`` parameters: the dense ``params - expert`` over the
-    dp x cp group, the ``expert`` ones over the expert-data-parallel group."""
-    cl = inputs.cluster
-    dense = collective_s(op, (params - expert) * itemsize, layout.dp_group, cl)
-    return dense + collective_s(op, expert * itemsize, layout.edp_group, cl)
-
-
-def dp_grad_s(params: float, inputs: SimInputs, layout: Layout, expert: float = 0.0) -> float:
-    """Reduce one chunk's gradients over DP (all-reduce, or reduce-scatter when sharded);
-    ``expert`` of the ``params`` over the expert-data-parallel group."""
-    op: Op = "reduce-scatter" if layout.run.shards_optimizer else "all-reduce"
-    return _dp_collective_s(op, params, expert, grad_itemsize_bytes(inputs.dtype), inputs, layout)
-
-
-def dp_param_gather_s(
-    params: float, inputs: SimInputs, layout: Layout, expert: float = 0.0
-) -> float:
-    """All-gather of updated (ZeRO-1/2, distributed optimizer) or needed (ZeRO-3) weights;
-    ``expert`` of the ``params`` over the expert-data-parallel group."""
-    itemsize = param_itemsize_bytes(inputs.dtype)
-    return _dp_collective_s("all-gather", params, expert, itemsize, inputs, layout)
-
-
-# DeepSpeed ZeRO-3 as Narayanan et al. (2021) ran it reached this fraction of the speed
-# `topologies` models for NCCL's ring collectives (what its hooks lose besides the wire: tiny
-# prefetch buckets, per-tensor launches, allocator churn). Fitted on the development set's three
-# GPT-3 175B ZeRO-3 rows only (384-1536 A100s: errors -3.5, -0.4, +1.1% at the fit; -3.8,
-# -0.6, +0.9% since the session-6 dropout/mask rules); the three 530B rows, left out of the
-# fit, land at +8.9, +1.9, +11.7% (`tilesim validate distributed`).
-DEEPSPEED_2021_ZERO3_EFFICIENCY = 0.445
-
-
-def grad_buckets(layout: Layout) -> int:
-    """Collectives one chunk's gradient reduction runs as: ``buckets`` with
-    ``overlap_grad_reduce``, else one (Megatron-LM then sets no bucket size)."""
-    return layout.run.buckets if layout.run.overlap_grad_reduce else 1
-
-
-def param_gather_buckets(layout: Layout) -> int:
-    """Buckets a stage's updated weights are all-gathered in with ``overlap_param_gather``: one
-    chunk's ``buckets`` over every chunk of the stage. Without ``overlap_grad_reduce`` there is
-    one bucket (Megatron-LM has none then, and refuses --overlap-param-gather)."""
-    return grad_buckets(layout) * layout.chunks if layout.run.overlap_param_gather else 1
-
-
-def grad_sync_s(params: float, inputs: SimInputs, layout: Layout, expert: float = 0.0) -> float:
-    """One chunk's gradient reduction as it runs: `grad_buckets` collectives of an equal share
-    of the gradients each (every bucket pays its own launch and latency; ``expert`` of the
-    ``params`` are a bucket of their own group's in each)."""
-    n = grad_buckets(layout)
-    return n * dp_grad_s(params / n, inputs, layout, expert / n)
-
-
-def param_gather_exposed_s(
-    params: float, inputs: SimInputs, layout: Layout, expert: float = 0.0
-) -> float:
-    """The part of the sharded optimizer's all-gather of a stage's updated weights (``params``,
-    ``expert`` of them expert weights) that the step waits for: all of it, or with
-    ``overlap_param_gather`` (Megatron-LM's ``--overlap-param-gather``: bucket by bucket under
-    the next forward) the first bucket's all-gather, one of `param_gather_buckets`."""
-    n = param_gather_buckets(layout)
-    return dp_param_gather_s(params / n, inputs, layout, expert / n)
-
-
-def zero3_blocking_s(
-    inputs: SimInputs,
-    layout: Layout,
-    layers: int,
-    *,
-    first: bool,
-    last: bool,
-    memo: dict[tuple[Op, float, bool], float] | None = None,
-) -> tuple[float, float]:
-    """Seconds of ZeRO-3 collectives one chunk's forward and backward wait for, per micro-batch,
-    under ``zero3_impl = "deepspeed-2021"``: module hooks all-gather each parameter tensor when
-    its module runs (again for the recomputed forward under full recompute) and reduce-scatter
-    each gradient after it, all on the compute stream's critical path. ``memo`` keeps each
-    tensor's collective time across calls over the same groups (every chunk of a layout).
-    Every tensor moves over the dp x cp group but a MoE layer's experts', which move over the
-    dp x cp / ep ranks holding the same experts (`Layout.edp_group`; DeepSpeed-MoE's expert
-    data-parallel group; nothing at ep = dp x cp). They moved over dp x cp, ranks holding
-    other experts among them (DeepSpeed's 2021 runs, which the efficiency is fitted on, had no
-    experts)."""
-    m, run, cl = inputs.model, layout.run, inputs.cluster
-    pb, gb = param_itemsize_bytes(inputs.dtype), grad_itemsize_bytes(inputs.dtype)
-    memo = {} if memo is None else memo
-
-    def cost(op: Op, tensors: Sequence[float], itemsize: int, *, expert: bool = False) -> float:
-        group = layout.edp_group if expert else layout.dp_group
-        if len(group) < 2:
-            return 0.0
-        total = 0.0
-        for t in tensors:
-            if (op, t, expert) not in memo:  # NCCL's only all-gather/reduce-scatter then: ring
-                memo[op, t, expert] = collective_time_s(
-                    op, t * itemsize, group, cl, algorithm="ring"
-                )
-            total += memo[op, t, expert]
-        return total
-
-    def layer_s(op: Op, itemsize: int) -> float:
-        dense = m.layer_param_tensors(moe=False, tp=run.tp, ep=run.ep)
-        shared = m.layer_param_tensors(moe=True, tp=run.tp, ep=run.ep, experts=False)
-        experts = m.expert_param_tensors(tp=run.tp, ep=run.ep)
-        moe_s = cost(op, shared, itemsize) + cost(op, experts, itemsize, expert=True)
-        return (layers - moe) * cost(op, dense, itemsize) + (moe * moe_s if moe else 0.0)
-
-    moe = m.moe_layers(layers)
-    ends = end_tensors(m, run, first=first, last=last)
-    gather = layer_s("all-gather", pb) + cost("all-gather", ends, pb)
-    scatter = layer_s("reduce-scatter", gb) + cost("reduce-scatter", ends, gb)
-    regather = 2 if run.recompute == "full" else 1
-    eff = DEEPSPEED_2021_ZERO3_EFFICIENCY
-    return gather / eff, (regather * gather + scatter) / eff
+    return moe_routing.routed_share(shard_model(inputs.model, run), tokens, run.micro_batch_size)

@@ -16,7 +16,7 @@ no script: its PTD-P rows keep their stated micro-batch 1 and Megatron's default
 (no interleaving flag, so plain 1F1B). PyTorch DDP all-reduces 25 MiB buckets during the last
 micro-batch's backward (Megatron runs the other micro-batches under ``no_sync``); Megatron's
 local DDP reduces after the backward pass; the DeepSpeed ZeRO-3 rows run with ``zero3_impl =
-"deepspeed-2021"`` (`comm.zero3_blocking_s`). Otherwise: micro-batch 1 when not given,
+"deepspeed-2021"`` (`dp_comm.zero3_blocking_s`). Otherwise: micro-batch 1 when not given,
 16-bit = fp16.
 
 Software of each source (`SOURCE_RUN`): both papers predate FlashAttention (2022), so

@@ -2,7 +2,7 @@
 
 Symmetry: every DP replica and every TP/CP rank of a stage runs the same tasks at the same
 times, so the graph holds one replica's ``pp`` stages; DP collectives are priced over the
-real DP group (`comm`). A 16k-GPU job is thus a graph of a few thousand nodes.
+real DP group (`dp_comm`). A 16k-GPU job is thus a graph of a few thousand nodes.
 
 Structure and prices are kept apart. The graph depends only on the step's `Shape` (schedule,
 stages, chunks, micro-batches, buckets, which stages gather ZeRO-3 parameters); it is built

@@ -6,7 +6,7 @@ its one full-model trace on L4 (T5 attention has no score scaling; the position 
 full-size add). Expert FFNs see ``tokens * experts_per_token / num_experts`` tokens
 each (balanced routing), at most ``expert_capacity`` per sequence (HF Switch drops the rest);
 with few routed rows (decoding) only the experts they are expected to reach run
-(`ModelSpec.expert_groups`).
+(`moe_routing.expert_groups`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from forecast.kernels import Dtype
 from simulator import oprules as r
 from simulator.inventory_hf import Sizes, attention_core, cache_append, sizes
 from simulator.models import ModelSpec
+from simulator.moe_routing import expert_groups
 from simulator.opgraph import Block, Workload
 from simulator.oprules import FrameworkOp
 
@@ -61,14 +62,14 @@ def moe_ffn(
     m: ModelSpec, z: Sizes, expert: Callable[[int], list[FrameworkOp]]
 ) -> list[FrameworkOp]:
     """Router, then per expert hit: gather, the expert FFN ``expert(rows)``, weighted
-    scatter-add (`ModelSpec.expert_groups`: an EP shard's own experts, those a row reaches)."""
+    scatter-add (`moe_routing.expert_groups`: an EP shard's own experts, those a row reaches)."""
     router = [
         r.linear("router", z.T, (z.H, m.num_experts), z.dt, bias=False),
         r.softmax("router_softmax", z.T, m.num_experts, z.dt),
     ]
     per_expert = [
         op
-        for rows, n in m.expert_groups(z.T, z.B)
+        for rows, n in expert_groups(m, z.T, z.B)
         for op in [
             r.memory("gather", "copy", (rows, z.H), z.dt, bw_op="embedding"),
             *expert(rows),

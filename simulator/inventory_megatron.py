@@ -44,6 +44,7 @@ from forecast.kernels import FAMILY_OPS, ITEMSIZE_BYTES, Dtype, KernelSpec, OpFa
 from simulator import oprules as r
 from simulator.inventory_hf import Sizes, attention_core, sizes
 from simulator.models import ModelSpec
+from simulator.moe_routing import expert_groups, routed_rows
 from simulator.opgraph import Block, Workload, te_fp8
 from simulator.oprules import FrameworkOp
 
@@ -196,14 +197,14 @@ def _moe_ffn(m: ModelSpec, z: Sizes, *, train: bool) -> list[FrameworkOp]:
     # topk_softmax_with_capacity, capacity_factor f): proportional to a micro-batch's
     # tokens, i.e. a per-sequence cap (`ModelSpec.expert_capacity` = f s k / E) once per
     # sequence of the micro-batch; under cp `stagecost.shard_model` scales it to s / cp.
-    # An expert no routed row reaches runs nothing (`ModelSpec.expert_groups`).
+    # An expert no routed row reaches runs nothing (`moe_routing.expert_groups`).
     dt = activation_dtype(z.dt)
     # the permutes move the rows the experts run: those a capacity keeps (Megatron-core's
     # dispatcher permutes num_out_tokens = the kept rows, dropless: tokens x k)
-    routed = (m.routed_rows(z.T, z.B), z.H)
+    routed = (routed_rows(m, z.T, z.B), z.H)
     experts = [
         op
-        for rows, n in m.expert_groups(z.T, z.B)
+        for rows, n in expert_groups(m, z.T, z.B)
         for op in _ffn(m, z, rows, train=train, moe=True) * n
     ]
     return [

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from forecast.gpus import GPUSpec
 from forecast.kernels import ITEMSIZE_BYTES, Dtype
 from simulator.models import ModelSpec
+from simulator.moe_routing import routed_share
 from simulator.opgraph import Framework, Workload, te_fp8
 
 GIB = 2**30
@@ -95,7 +96,7 @@ def saved_bytes(
       (before, its ``unpermute`` saved ``k x tokens x h / tp``; TransformerEngine PR 1468).
 
     ``kept``: the share of the ``k`` routed copies the experts run, below 1 when an expert
-    capacity drops rows (`ModelSpec.routed_share`, the share the dispatcher moves): the routed
+    capacity drops rows (`moe_routing.routed_share`, the share the dispatcher moves): the routed
     input and the experts' MLP tensors scale with it.
     """
     x = activation_itemsize_bytes(dtype, framework)
@@ -171,10 +172,10 @@ def parallel_units(model: ModelSpec, framework: Framework = "megatron") -> float
 
 def layer_activation_bytes(model: ModelSpec, run: Workload) -> float:
     """Activation bytes one layer keeps for its backward pass (a MoE layer's experts: the
-    routed rows they keep, `ModelSpec.routed_share` of the pass's ``b`` sequences)."""
+    routed rows they keep, `moe_routing.routed_share` of the pass's ``b`` sequences)."""
     s, b, h = run.seq, run.batch, model.hidden_size
     flash = run.framework == "megatron" and run.attention == "flash"
-    kept = model.routed_share(s * b, b) if model.num_experts > 1 else 1.0
+    kept = routed_share(model, s * b, b) if model.num_experts > 1 else 1.0
     saved = saved_bytes(model, run.framework, run.dtype, flash=flash, kept=kept)
     scores = 0.0 if flash else score_bytes(model, s, run.dtype, run.framework)
     return s * b * h * (saved.replicated + saved.parallel + saved.routed + scores)

@@ -14,7 +14,7 @@ drain, plus 1F1B's steady-state round trips); where interleaving's sends outlast
 forward or backward, the cycles they close pace the steady state instead
 (`pipeline_forms.send_paced_s`). GPipe runs all forwards, then all backwards: each phase
 paced by its own slowest stage (`pipeline_forms.forward_backward_s`). The DP gradient reduction
-(expert gradients over their expert-data-parallel group, as `comm` prices them) of each stage
+(expert gradients over their expert-data-parallel group, as `dp_comm` prices them) of each stage
 hides, all but its last bucket, behind the last backward when it overlaps;
 the sharded optimizer's parameter all-gather, sequence parallelism's norm-gradient all-reduce
 over TP and the optimizer step are added per stage, the slowest stage's tail counting, and a tied
@@ -22,7 +22,7 @@ embedding's gradient all-reduce between the first and the last stage (`finalize_
 gathers and scatters share one stream that hides under compute but for its first gather and
 last scatter, or sets the pace (`_with_zero3_s`), and so do ZeRO-2's scatters after every
 backward when it accumulates over micro-batches; ``deepspeed-2021`` ZeRO-3 blocks each
-micro-batch on them (`comm.zero3_blocking_s`). Memory is `dist_memory`'s, with
+micro-batch on them (`dp_comm.zero3_blocking_s`). Memory is `dist_memory`'s, with
 the schedule's in-flight micro-batches in closed form (`pipeline_forms.in_flight_closed`).
 
 Kernel block times and collective costs repeat across layouts: `screen_cache.ScreenCache`
@@ -34,8 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from simulator.comm import grad_buckets, param_gather_buckets, zero3_blocking_s
 from simulator.dist_memory import MemoryBreakdown, stage_memory
+from simulator.dp_comm import grad_buckets, param_gather_buckets, zero3_blocking_s
 from simulator.memory import grad_itemsize_bytes, param_itemsize_bytes
 from simulator.parallel import Layout, RunConfig
 from simulator.pipeline_forms import forward_backward_s, in_flight_closed, pipeline_sends_s
@@ -140,11 +140,11 @@ def _dp_s(
     exposed = 0.0  # ZeRO-2 accumulating: reduced after every backward, `_with_zero3_s`
     if not scatters_every_backward(layout):
         op = "reduce-scatter" if run.shards_optimizer else "all-reduce"
-        n = layout.chunks * grad_buckets(layout)  # as `comm.grad_sync_s`, over every chunk
+        n = layout.chunks * grad_buckets(layout)  # as `dp_comm.grad_sync_s`, over every chunk
         grad = n * cache.dp_both(op, params, gb, n, layout)
         overlap = run.overlap_grad_reduce
         exposed = grad - (min(grad, backward_s) * (1 - 1 / run.buckets) if overlap else 0.0)
-    if run.shards_optimizer:  # as `comm.param_gather_exposed_s`
+    if run.shards_optimizer:  # as `dp_comm.param_gather_exposed_s`
         k = param_gather_buckets(layout)
         exposed += cache.dp_both("all-gather", params, pb, k, layout)
     return exposed

@@ -98,7 +98,7 @@ class ScreenCache:
     ) -> float:
         """One DP collective of ``1 / parts`` of ``params`` (total, expert) parameters of
         ``itemsize`` bytes: the dense ones over the DP group, the experts over theirs
-        (`comm.dp_grad_s`)."""
+        (`dp_comm.dp_grad_s`)."""
         total, expert = params
         dense = self.dp(op, (total - expert) * itemsize / parts, layout)
         return dense + self.dp(op, expert * itemsize / parts, layout, expert=True)

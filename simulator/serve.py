@@ -25,7 +25,7 @@ head, norms and router run and stay in bf16, `memory.estimate_memory`), while un
 ``megatron`` attention runs in bf16 and reads a bf16 KV cache (as
 TransformerEngine's recipe, and vLLM's fp8 weights without ``--kv-cache-dtype fp8``); an fp8
 KV cache is not modelled. MoE layers run only the experts their routed rows are expected to
-reach under uniform routing (`ModelSpec.routed_experts`: 2 of Mixtral's 8 at batch 1, 4 at
+reach under uniform routing (`moe_routing.routed_experts`: 2 of Mixtral's 8 at batch 1, 4 at
 batch 2, 5 at batch 4).
 
 Tensor parallelism (``tp`` GPUs of one server): each GPU holds ``1 / tp`` of the model

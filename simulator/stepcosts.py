@@ -20,16 +20,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from forecast.predict import LatencyTable
-from simulator.comm import (
-    LayerComm,
+from simulator.comm import LayerComm, layer_comm
+from simulator.context_parallel import RingTimes, bw_exposed_s, fw_exposed_s
+from simulator.dp_comm import (
     dp_grad_s,
     dp_param_gather_s,
     grad_sync_s,
-    layer_comm,
     param_gather_exposed_s,
     zero3_blocking_s,
 )
-from simulator.context_parallel import RingTimes, bw_exposed_s, fw_exposed_s
 from simulator.finalize_grads import embedding_grad_sync_s, norm_grad_sync_s
 from simulator.parallel import Layout, RunConfig
 from simulator.scenario import SimInputs

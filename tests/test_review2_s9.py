@@ -9,6 +9,7 @@ import pytest
 
 from forecast.kernels import Dtype, OpFamily
 from simulator.models import load_model
+from simulator.moe_routing import expert_rows
 from simulator.opgraph import Workload, inventory
 from simulator.parallel import RunConfig
 from simulator.scenario import load_scenario
@@ -44,11 +45,11 @@ def test_expert_capacity_caps_each_sequence_the_all_to_all_brings(ep: int) -> No
     m = load_model("mixtral-8x7b").model_copy(update={"expert_capacity": 64})
     tokens = 1024  # 1024 x top-2 / 8 experts = 256 rows per expert and GPU, capped at 64
     shard = m.model_copy(update={"local_experts": m.num_experts // ep})
-    assert m.expert_rows(tokens) == 64
-    assert shard.expert_rows(tokens) == 64 * ep
+    assert expert_rows(m, tokens) == 64
+    assert expert_rows(shard, tokens) == 64 * ep
     uncapped = load_model("mixtral-8x7b")
     loose = uncapped.model_copy(update={"local_experts": uncapped.num_experts // ep})
-    assert loose.expert_rows(tokens) == 256 * ep  # no cap: unchanged
+    assert expert_rows(loose, tokens) == 256 * ep  # no cap: unchanged
 
     w = Workload(batch=1, seq=tokens, framework="megatron", dtype=Dtype.BF16)
 

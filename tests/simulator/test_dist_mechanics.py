@@ -9,15 +9,10 @@ from typing import Any
 import pytest
 
 from forecast.kernels import Dtype, OpFamily
-from simulator.comm import (
-    DEEPSPEED_2021_ZERO3_EFFICIENCY,
-    collective_s,
-    dp_grad_s,
-    dp_param_gather_s,
-    layer_comm,
-)
+from simulator.comm import collective_s, layer_comm
 from simulator.dist_memory import layer_activation_bytes, stage_memory
 from simulator.dist_validate import published_scenario
+from simulator.dp_comm import DEEPSPEED_2021_ZERO3_EFFICIENCY, dp_grad_s, dp_param_gather_s
 from simulator.memory import parallel_units
 from simulator.models import load_model
 from simulator.optimizer_step import ADAM_REF, OPTIMIZER_BYTES_PER_PARAM

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from simulator.comm import activation_bytes, collective_s, grad_buckets, grad_sync_s
+from simulator.comm import activation_bytes, collective_s
+from simulator.dp_comm import grad_buckets, grad_sync_s
 from simulator.errors import ConfigError
 from simulator.models import load_model
 from simulator.parallel import RunConfig

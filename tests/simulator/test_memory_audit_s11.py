@@ -42,8 +42,9 @@ from pathlib import Path
 import pytest
 
 from forecast.kernels import Dtype
-from simulator.comm import activation_bytes, collective_s, dp_grad_s, layer_comm
+from simulator.comm import activation_bytes, collective_s, layer_comm
 from simulator.dist_memory import layer_activation_bytes, stage_memory
+from simulator.dp_comm import dp_grad_s
 from simulator.memory import layer_activation_bytes as gpu_layer_activation_bytes
 from simulator.memory import parallel_units
 from simulator.models import load_model

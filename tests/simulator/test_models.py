@@ -9,6 +9,7 @@ import pytest
 
 from simulator.errors import ConfigError
 from simulator.models import CATALOG_DIR, load_model
+from simulator.moe_routing import expert_rows
 from simulator.opgraph import Phase, Workload, build_ops
 
 
@@ -68,9 +69,9 @@ def test_switch_expert_capacity_caps_each_sequence() -> None:
     on 4 experts give each expert 2 x 64 rows, not 64."""
     update = {"num_experts": 4, "experts_per_token": 1, "expert_capacity": 64}
     m = load_model("mixtral-8x7b").model_copy(update=update)
-    assert m.expert_rows(2 * 2048, 2) == 2 * 64
-    assert m.expert_rows(2 * 128, 2) == 2 * 32  # under the cap: balanced routing
-    assert m.model_copy(update={"expert_capacity": 0}).expert_rows(2 * 2048, 2) == 1024
+    assert expert_rows(m, 2 * 2048, 2) == 2 * 64
+    assert expert_rows(m, 2 * 128, 2) == 2 * 32  # under the cap: balanced routing
+    assert expert_rows(m.model_copy(update={"expert_capacity": 0}), 2 * 2048, 2) == 1024
 
 
 def test_a_sequence_beyond_learned_positions_is_refused() -> None:

@@ -1,7 +1,7 @@
 """Balanced routing spreads a GPU's ``tokens x k`` routed rows over its ``local`` experts as
 evenly as whole rows allow: ``tokens x k mod local`` experts run the ceiling
 ``ceil(tokens k / local)``, the rest the floor, and every row runs (a step waits for its
-busiest expert and loses no token). The balanced branch of `ModelSpec.expert_groups` floored
+busiest expert and loses no token). The balanced branch of `moe_routing.expert_groups` floored
 ``tokens / sequences x k / local`` for every expert, dropping the remainder without any
 capacity (Mixtral at 4,094 tokens: 8,184 of 8,188 rows ran, and the dispatcher moved 8,184).
 Under expert parallelism each EP rank gets exactly ``tokens x k`` rows: the E experts' remainder
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from forecast.kernels import OpFamily
+from simulator import moe_routing
 from simulator.comm import routed_share
 from simulator.models import load_model
 from simulator.parallel import RunConfig
@@ -38,19 +39,19 @@ def test_every_routed_row_runs_and_the_busiest_expert_takes_the_ceiling(
     rows = tokens * 2
     q, extra = divmod(rows, local)
     want = ((q + 1, extra), (q, local - extra)) if extra else ((q, local),)
-    assert m.expert_groups(tokens) == want
-    assert m.routed_rows(tokens) == rows
-    assert m.expert_rows(tokens) == math.ceil(rows / local)
-    assert m.routed_share(tokens) == 1.0
+    assert moe_routing.expert_groups(m, tokens) == want
+    assert moe_routing.routed_rows(m, tokens) == rows
+    assert moe_routing.expert_rows(m, tokens) == math.ceil(rows / local)
+    assert moe_routing.routed_share(m, tokens) == 1.0
 
 
 def test_sequences_of_a_micro_batch_spread_as_evenly_as_their_sum() -> None:
     """Two sequences of 2,047 tokens route 2 x 4,094 rows over 8 experts: 1,023.5 each, so
     four run 1,024 and four 1,023 (8,188 in all); a per-sequence cap of 511 keeps 8 x 2 x 511."""
-    assert MIXTRAL.expert_groups(4094, 2) == ((1024, 4), (1023, 4))
+    assert moe_routing.expert_groups(MIXTRAL, 4094, 2) == ((1024, 4), (1023, 4))
     capped = MIXTRAL.model_copy(update={"expert_capacity": 511})
-    assert capped.expert_groups(4094, 2) == ((1022, 8),)
-    assert capped.routed_rows(4094, 2) == 8 * 2 * 511
+    assert moe_routing.expert_groups(capped, 4094, 2) == ((1022, 8),)
+    assert moe_routing.routed_rows(capped, 4094, 2) == 8 * 2 * 511
 
 
 def _mixtral(seq: int) -> SimInputs:
@@ -69,7 +70,7 @@ def test_layer_runs_and_dispatches_every_row_at_an_uneven_sequence(ep: int) -> N
     assert routed_share(inputs, lay) == 1.0
     local = 8 // ep
     shard = shard_model(inputs.model, run)
-    assert shard.expert_rows(4094) == math.ceil(8188 / local)
+    assert moe_routing.expert_rows(shard, 4094) == math.ceil(8188 / local)
     gemms = [
         (k.dims, n)  # (batch, rows, h, 2 f): the fused gate-and-up GEMM of each expert
         for k, n in shard_kernels(inputs, run).layer_fw

@@ -1,8 +1,8 @@
 """A binding expert capacity drops routed rows, and the experts save activations for the rows
 they keep only, the rows the dispatcher moves (`comm.routed_share`; one function:
-`ModelSpec.routed_share`).
+`moe_routing.routed_share`).
 
-Our `ModelSpec.expert_groups` drops (Megatron-core's capacity factor without
+Our `moe_routing.expert_groups` drops (Megatron-core's capacity factor without
 ``moe_pad_expert_input_to_capacity``): an expert runs ``min(rows, C)`` rows a sequence; under
 balanced routing a padded expert would run exactly ``C`` too whenever the cap binds.
 
@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from forecast.kernels import Dtype
+from simulator import moe_routing
 from simulator.comm import routed_share
 from simulator.dist_memory import layer_activation_bytes as dist_layer_bytes
 from simulator.memory import layer_activation_bytes
@@ -54,7 +55,7 @@ def test_single_gpu_experts_save_the_kept_rows(capacity: int, kept: float, batch
     """``s b h (15 + 2 x 23 r)`` bytes a layer (bf16): the experts' 46 units scale with r."""
     model = load_model("mixtral-8x7b").model_copy(update={"expert_capacity": capacity})
     run = Workload(batch=batch, seq=SEQ, framework="megatron", dtype=Dtype.BF16)
-    assert model.routed_share(SEQ * batch, batch) == kept
+    assert moe_routing.routed_share(model, SEQ * batch, batch) == kept
     want = SEQ * batch * H * (15 + 2 * 23 * kept)
     assert layer_activation_bytes(model, run) == pytest.approx(want, rel=1e-12)
 

@@ -5,12 +5,12 @@ Our layout: tp innermost, ep carved out of dp x cp, each expert split over tp as
 layers are (Megatron-core's expert TP = tp). So an expert shard is replicated over
 ``dp cp / ep`` ranks (Megatron-core's ``dp cp tp / (ep etp)`` with etp = tp): `Layout.edp_group`.
 ZeRO-1/2 already shard expert optimizer state and gradients over it (test_moe_ep_memory), and
-FSDP's gathers already ran over it (`comm.dp_param_gather_s`). Two places did not:
+FSDP's gathers already ran over it (`dp_comm.dp_param_gather_s`). Two places did not:
 
 * the gathered working set (`dist_memory._gathered_params`) counted a MoE layer's experts even
   when the expert group is one rank (ep = dp x cp): nothing is sharded then, nothing gathered,
   and the experts were counted twice (held whole in the shard and again in the working set);
-* DeepSpeed-2021's per-tensor gathers (`comm.zero3_blocking_s`) moved the expert tensors over
+* DeepSpeed-2021's per-tensor gathers (`dp_comm.zero3_blocking_s`) moved the expert tensors over
   the whole dp x cp group, ranks holding other experts among them.
 
 Mixtral 8x7B at tp 2, pp 4 (8 layers a stage, stage 1 holds no embedding or head), dp 8.
@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from simulator.comm import DEEPSPEED_2021_ZERO3_EFFICIENCY, zero3_blocking_s
 from simulator.dist_memory import stage_memory
+from simulator.dp_comm import DEEPSPEED_2021_ZERO3_EFFICIENCY, zero3_blocking_s
 from simulator.parallel import Layout, RunConfig
 from simulator.scenario import load_scenario, resolve
 from simulator.shard_params import expert_layer_params, moe_layer_params

@@ -2,7 +2,7 @@
 
 ``n`` tokens each pick ``k`` distinct experts of ``E`` uniformly: an expert is missed by
 all of them with probability ``(1 - k / E)^n``, so ``E (1 - (1 - k / E)^n)`` are hit on
-average. `ModelSpec.routed_experts` said ``min(E, n k)`` (balanced routing), which at a
+average. `moe_routing.routed_experts` said ``min(E, n k)`` (balanced routing), which at a
 small decode batch counts experts whose weights no row reads: Mixtral top-2 of 8 at batch 4
 ran 8 where 5.47 are hit on average.
 """
@@ -18,7 +18,13 @@ from forecast.gpus import load_gpu
 from forecast.kernels import Dtype, OpFamily
 from simulator.latency import latency_model_for
 from simulator.models import ModelSpec, load_model
-from simulator.moe_routing import expected_experts_hit, experts_hit, split_rows
+from simulator.moe_routing import (
+    expected_experts_hit,
+    expert_groups,
+    experts_hit,
+    routed_experts,
+    split_rows,
+)
 from simulator.opgraph import Workload, build_ops
 from simulator.serve import forecast_passes
 from simulator.serve_request import ServeRequest
@@ -48,7 +54,7 @@ def test_mixtral_experts_hit_by_batch() -> None:
     assert expected_experts_hit(1, 2, 8, 8) == 2.0
     assert expected_experts_hit(4, 2, 8, 8) == 8 * (1 - 0.75**4) == 5.46875
     want = {1: 2, 2: 4, 3: 5, 4: 5, 5: 6, 8: 7, 9: 7, 10: 8, 64: 8, 4096: 8}
-    assert {b: m.routed_experts(b) for b in want} == want
+    assert {b: routed_experts(m, b) for b in want} == want
 
 
 @pytest.mark.parametrize("ep", [1, 2, 4, 8])
@@ -77,9 +83,9 @@ def test_expert_groups_run_the_routed_rows_on_the_experts_hit(batch: int) -> Non
     GEMMs do the FLOPs of the routed rows (batch 13 ran 8 experts of ceil(26 / 8) = 4 rows,
     32 rows' FLOPs for 26)."""
     m = load_model("mixtral-8x7b")
-    groups = m.expert_groups(batch, batch)
+    groups = expert_groups(m, batch, batch)
     assert sum(r * n for r, n in groups) == 2 * batch
-    assert sum(n for _, n in groups) == m.routed_experts(batch)
+    assert sum(n for _, n in groups) == routed_experts(m, batch)
 
 
 def _expert_reads(m: ModelSpec, batch: int, framework: str) -> tuple[float, int]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.comm import dp_grad_s
+from simulator.dp_comm import dp_grad_s
 from simulator.scenario import load_scenario, resolve
 from simulator.screen import screen
 from simulator.screen_cache import ScreenCache
