@@ -173,7 +173,7 @@ def _validate_distributed(args: argparse.Namespace) -> int:
         text += _summary("without DeepSpeed ZeRO-3 rows", [c for c in pub if "zero3" not in c.name])
         zero3 = [c for c in pub if "zero3" in c.name]
         fit = [c for c in zero3 if ZERO3_FIT_MODEL in c.name]
-        if fit:  # `comm.DEEPSPEED_2021_ZERO3_EFFICIENCY` was fitted on these rows only
+        if fit:  # `dp_comm.DEEPSPEED_2021_ZERO3_EFFICIENCY` was fitted on these rows only
             text += "\n" + _summary("ZeRO-3 rows its efficiency was fitted on", fit)
             rest = [c for c in zero3 if c not in fit]
             text += "\n" + _summary("ZeRO-3 rows outside that fit", rest)
