@@ -11,9 +11,9 @@ through ``base_s`` (see `GEMM_FEATURES`).
 
 Row families (element-wise, softmax, layer norm) also get the GPU's DRAM technology
 (HBM or GDDR): it sets the reachable fraction of peak bandwidth. Softmax and layer norm
-re-read their rows; ``memory_s`` counts the re-reads L2 cannot hold and the L2 rate all
-passes need (`reread_memory_s`), so a GPU whose L2 holds the rows in flight (the L4's 48 MB)
-is not charged the training GPUs' DRAM re-reads.
+re-read their rows; ``memory_s`` counts the re-reads L2 cannot hold (`reread_memory_s`), so a
+GPU whose L2 holds the rows in flight (the L4's 48 MB) is not charged the training GPUs' DRAM
+re-reads.
 
 The FP32 rate of an SM counts only its FP32-dedicated lanes (Ampere GA10x and Ada SMs
 share half their FP32 lanes with INT32, which SGEMM inner loops need); tensor-core
@@ -158,26 +158,25 @@ def _times(gpu: GPUSpec, kernel: KernelSpec, work: Work, total_bytes: F64) -> tu
 # times (max, sum, normalise), layer norm twice (moments, normalise); `KernelSpec.bytes` counts
 # one read. A re-read comes from L2 while the rows all resident blocks walk at once fit in it,
 # else from DRAM: the share that misses rises from 0 at a quarter of the L2 to 1 at the whole
-# of it (log-linear). Every pass also crosses L2, which moves about `_L2_BYTES_PER_SM_CLOCK`
-# bytes a clock per SM. On the training GPUs large-width rows run at 1/2 (softmax) and 2/3
+# of it (log-linear). On the training GPUs large-width rows run at 1/2 (softmax) and 2/3
 # (layer norm) of the element-wise share of DRAM peak, as two and one extra DRAM reads give;
 # narrow rows whose in-flight set fits L2 run at the full share. Chosen by leave-one-GPU-out
-# (five-member ensembles): softmax 13.9 -> 12.3% (P100 25.8 -> 18.1, T4 15.5 -> 11.0, V100
-# 10.7 -> 12.9, A100-40GB 10.4 -> 12.9), layer norm 11.3 -> 11.1%. Rejected: every re-read
-# from DRAM (softmax 16.1, layer norm 11.4%), the L2 limits at 1/8 and 1/2 (softmax 14.2,
-# layer norm 10.0%), 32 B/clock (the L2 term then never binds: softmax 12.7%).
+# (five-member ensembles): softmax 13.9 -> 12.7%, layer norm 11.3 -> 11.1%. Rejected: every
+# re-read from DRAM (softmax 16.1, layer norm 11.4%), the L2 limits at 1/8 and 1/2 (softmax
+# 14.2, layer norm 10.0%). No L2 bandwidth limit: the catalog has no measured L2 bandwidth, and
+# a fitted 16 B per SM clock (softmax 12.3%) lies far under every GPU's L2 (A100: ~47 B per SM
+# clock) and made the fast-DRAM GPUs (A100 80GB, MI300X) slower than their DRAM.
 _EXTRA_READS = {OpFamily.SOFTMAX: 2.0, OpFamily.LAYERNORM: 1.0}
 _SOFTMAX_ONE_READ_WIDTH = 1024  # PyTorch's warp softmax holds rows this narrow in registers
 _L2_HIT_BELOW, _L2_MISS_ABOVE = 0.25, 1.0  # in-flight rows over L2 bytes
-_L2_BYTES_PER_SM_CLOCK = 16.0
 
 
 def reread_memory_s(
     gpu: GPUSpec, family: OpFamily, dims: npt.NDArray[np.int64], work: Work, total_bytes: F64
 ) -> F64:
     """Memory seconds of softmax or layer-norm kernels with their row re-reads: DRAM bytes
-    (the minimum plus the re-reads that miss L2) over peak, or all passes over the L2 rate,
-    whichever is longer. ``work`` is their `row_work`; fp32 rows."""
+    (the minimum plus the re-reads that miss L2) over peak. ``work`` is their `row_work`;
+    fp32 rows."""
     rows, width = dims[:, 0].astype(np.float64), dims[:, 1].astype(np.float64)
     extra = np.full_like(width, _EXTRA_READS[family])
     if family is OpFamily.SOFTMAX:
@@ -186,9 +185,7 @@ def reread_memory_s(
     in_flight = gpu.num_sms * np.minimum(work.resident_per_sm, work.blocks_per_sm) * width * 4.0
     span = np.log2(_L2_MISS_ABOVE / _L2_HIT_BELOW)
     miss = np.clip(np.log2(in_flight / (_L2_HIT_BELOW * gpu.l2_bytes)) / span, 0.0, 1.0)
-    dram_s = (total_bytes + miss * reread_bytes) / gpu.hbm_bw_bytes_per_s
-    l2_rate = _L2_BYTES_PER_SM_CLOCK * gpu.num_sms * gpu.boost_clock_hz
-    return np.asarray(np.maximum(dram_s, (total_bytes + reread_bytes) / l2_rate), np.float64)
+    return np.asarray((total_bytes + miss * reread_bytes) / gpu.hbm_bw_bytes_per_s, np.float64)
 
 
 def _common(gpu: GPUSpec, work: Work, compute: F64, memory: F64) -> dict[str, F64]:
