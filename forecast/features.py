@@ -10,7 +10,10 @@ families see their block layout; GEMMs see only whole-kernel ratios, their tile 
 through ``base_s`` (see `GEMM_FEATURES`).
 
 Row families (element-wise, softmax, layer norm) also get the GPU's DRAM technology
-(HBM or GDDR): it sets the reachable fraction of peak bandwidth.
+(HBM or GDDR): it sets the reachable fraction of peak bandwidth. Softmax and layer norm
+re-read their rows; ``memory_s`` counts the re-reads L2 cannot hold (`reread_memory_s`), so a
+GPU whose L2 holds the rows in flight (the L4's 48 MB) is not charged the training GPUs' DRAM
+re-reads.
 
 The FP32 rate of an SM counts only its FP32-dedicated lanes (Ampere GA10x and Ada SMs
 share half their FP32 lanes with INT32, which SGEMM inner loops need); tensor-core
@@ -68,6 +71,8 @@ ROW_FEATURES = (
 # runs both at its element-wise share of peak bandwidth (0.78) at every width, where every
 # training GPU loses 15-45% against its own element-wise share; its DRAM bytes per SM clock
 # (2.5) lie below every training GPU's (4.7-10.2), so a GPU-level column is clamped there.
+# That in-flight-over-L2 ratio now sets the DRAM re-reads in the base time instead
+# (`reread_memory_s`), where it is a formula, not a clamped column.
 _FAMILY_FEATURES = {OpFamily.BMM: BMM_FEATURES, OpFamily.LINEAR: GEMM_FEATURES}
 
 
@@ -149,6 +154,40 @@ def _times(gpu: GPUSpec, kernel: KernelSpec, work: Work, total_bytes: F64) -> tu
     return compute, total_bytes / gpu.hbm_bw_bytes_per_s
 
 
+# Softmax (rows over 1,024 wide) and layer norm read each row more than once: softmax three
+# times (max, sum, normalise), layer norm twice (moments, normalise); `KernelSpec.bytes` counts
+# one read. A re-read comes from L2 while the rows all resident blocks walk at once fit in it,
+# else from DRAM: the share that misses rises from 0 at a quarter of the L2 to 1 at the whole
+# of it (log-linear). On the training GPUs large-width rows run at 1/2 (softmax) and 2/3
+# (layer norm) of the element-wise share of DRAM peak, as two and one extra DRAM reads give;
+# narrow rows whose in-flight set fits L2 run at the full share. Chosen by leave-one-GPU-out
+# (five-member ensembles): softmax 13.9 -> 12.7%, layer norm 11.3 -> 11.1%. Rejected: every
+# re-read from DRAM (softmax 16.1, layer norm 11.4%), the L2 limits at 1/8 and 1/2 (softmax
+# 14.2, layer norm 10.0%). No L2 bandwidth limit: the catalog has no measured L2 bandwidth, and
+# a fitted 16 B per SM clock (softmax 12.3%) lies far under every GPU's L2 (A100: ~47 B per SM
+# clock) and made the fast-DRAM GPUs (A100 80GB, MI300X) slower than their DRAM.
+_EXTRA_READS = {OpFamily.SOFTMAX: 2.0, OpFamily.LAYERNORM: 1.0}
+_SOFTMAX_ONE_READ_WIDTH = 1024  # PyTorch's warp softmax holds rows this narrow in registers
+_L2_HIT_BELOW, _L2_MISS_ABOVE = 0.25, 1.0  # in-flight rows over L2 bytes
+
+
+def reread_memory_s(
+    gpu: GPUSpec, family: OpFamily, dims: npt.NDArray[np.int64], work: Work, total_bytes: F64
+) -> F64:
+    """Memory seconds of softmax or layer-norm kernels with their row re-reads: DRAM bytes
+    (the minimum plus the re-reads that miss L2) over peak. ``work`` is their `row_work`;
+    fp32 rows."""
+    rows, width = dims[:, 0].astype(np.float64), dims[:, 1].astype(np.float64)
+    extra = np.full_like(width, _EXTRA_READS[family])
+    if family is OpFamily.SOFTMAX:
+        extra = np.where(width > _SOFTMAX_ONE_READ_WIDTH, extra, 0.0)
+    reread_bytes = extra * rows * width * 4.0
+    in_flight = gpu.num_sms * np.minimum(work.resident_per_sm, work.blocks_per_sm) * width * 4.0
+    span = np.log2(_L2_MISS_ABOVE / _L2_HIT_BELOW)
+    miss = np.clip(np.log2(in_flight / (_L2_HIT_BELOW * gpu.l2_bytes)) / span, 0.0, 1.0)
+    return np.asarray((total_bytes + miss * reread_bytes) / gpu.hbm_bw_bytes_per_s, np.float64)
+
+
 def _common(gpu: GPUSpec, work: Work, compute: F64, memory: F64) -> dict[str, F64]:
     base = np.maximum(compute, memory)
     return {
@@ -178,6 +217,8 @@ def build_features(
     else:
         work = row_work(gpu, family, [k.op for k in kernels], dims)
         compute, memory = _times(gpu, kernels[0], work, total_bytes)
+        if family in _EXTRA_READS:
+            memory = reread_memory_s(gpu, family, dims, work, total_bytes)
         own = {
             "log2_rows": np.log2(dims[:, 0].astype(np.float64)),
             "log2_threads_per_block": np.log2(work.threads_per_block),
