@@ -205,18 +205,41 @@ def build_features(
 ) -> FeatureBatch:
     """Features of kernels of one family and dtype on ``gpu``; GEMMs need the tile choice.
     Columns are those of `feature_names` of the family, in its order."""
-    family = kernels[0].family
     dims = np.array([k.dims for k in kernels], dtype=np.int64)
     total_bytes = np.array([k.bytes() for k in kernels], dtype=np.float64)
+    ops = [k.op for k in kernels]
+    return _features(gpu, kernels[0], ops, dims, total_bytes, choice)
+
+
+def row_features(gpu: GPUSpec, like: KernelSpec, dims: npt.NDArray[np.int64]) -> FeatureBatch:
+    """`build_features` of row kernels of ``like``'s family, op and dtype with (n, 2) ``dims``
+    ``B, H``, without a `KernelSpec` each (`tile_mlp` prices each softmax's and layer norm's
+    halvings in rows)."""
+    f = dims.astype(np.float64)
+    total_bytes = np.asarray(like.row_bytes(f[:, 0], f[:, 1]), dtype=np.float64)
+    return _features(gpu, like, [like.op] * len(dims), dims, total_bytes, None)
+
+
+def _features(
+    gpu: GPUSpec,
+    kernel: KernelSpec,
+    ops: list[str],
+    dims: npt.NDArray[np.int64],
+    total_bytes: F64,
+    choice: npt.NDArray[np.int64] | None,
+) -> FeatureBatch:
+    """`build_features` of kernels like ``kernel`` (its family and dtype) of ``ops``, ``dims``
+    and ``total_bytes``."""
+    family = kernel.family
     if family in GEMM_FAMILIES:
         if choice is None:
             raise ValueError("GEMM features need the tile choice")
         work = gemm_work(gpu, dims, choice)  # the tile and split-K set the waves of base_s
-        compute, memory = _times(gpu, kernels[0], work, total_bytes)
+        compute, memory = _times(gpu, kernel, work, total_bytes)
         own: dict[str, F64] = {}
     else:
-        work = row_work(gpu, family, [k.op for k in kernels], dims)
-        compute, memory = _times(gpu, kernels[0], work, total_bytes)
+        work = row_work(gpu, family, ops, dims)
+        compute, memory = _times(gpu, kernel, work, total_bytes)
         if family in _EXTRA_READS:
             memory = reread_memory_s(gpu, family, dims, work, total_bytes)
         own = {
@@ -224,7 +247,7 @@ def build_features(
             "log2_threads_per_block": np.log2(work.threads_per_block),
             # in float: rows x width overflows int64 past 2^63 elements
             "reads_per_elem": total_bytes
-            / (dims[:, 0].astype(np.float64) * dims[:, 1] * kernels[0].itemsize_bytes),
+            / (dims[:, 0].astype(np.float64) * dims[:, 1] * kernel.itemsize_bytes),
         }
     cols: dict[str, Any] = {
         **_common(gpu, work, compute, memory),
@@ -232,7 +255,7 @@ def build_features(
         "log2_footprint_over_l2": np.log2(total_bytes / gpu.l2_bytes),
         **gpu_features(gpu, family),  # scalars, broadcast by column_stack below
     }
-    n = len(kernels)
+    n = len(dims)
     x = np.column_stack([np.broadcast_to(cols[c], n) for c in feature_names(family)])
     return FeatureBatch(
         x=x.astype(np.float32),

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class OpFamily(StrEnum):
@@ -225,13 +226,18 @@ class KernelSpec:
                 # zero, add and read
                 return float(s * bh * d * (4 * s_q + 4 * s_kv) + 3 * 4 * bh * s_q * d)
             return float(s * bh * d * (2 * s_q + 2 * s_kv))  # read Q, K, V; write O
-        B, H = self.dims
+        return float(self.row_bytes(*self.dims))
+
+    def row_bytes(self, B: Any, H: Any) -> Any:
+        """`bytes` of a row kernel of this family, op and dtype with ``B`` rows of ``H``: ints,
+        or float64 arrays (`tile_mlp.row_halvings` prices many at once)."""
+        s = self.itemsize_bytes
         if self.family is OpFamily.ELEMENTWISE:
             reads, _ = ELEMENTWISE_OPS[self.op]
-            return float(s * B * H * (reads + 1))
+            return s * B * H * (reads + 1)
         if self.family is OpFamily.LAYERNORM:
-            return float(s * (2 * B * H + 2 * H))
+            return s * (2 * B * H + 2 * H)
         if self.family is OpFamily.SOFTMAX:
-            return float(s * 2 * B * H)
+            return s * 2 * B * H
         reads_w, writes_w = MEMORY_OPS[self.op]
-        return float(B * H * (s * (reads_w + writes_w) + MASK_BYTES.get(self.op, 0.0)))
+        return B * H * (s * (reads_w + writes_w) + MASK_BYTES.get(self.op, 0.0))

@@ -22,7 +22,7 @@ import numpy.typing as npt
 import torch
 
 from forecast.bandwidth import BandwidthModel
-from forecast.features import build_features, feature_names
+from forecast.features import FeatureBatch, build_features, feature_names, row_features
 from forecast.files import write_together
 from forecast.gpus import GPUSpec
 from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, OpFamily
@@ -75,10 +75,15 @@ class TileMLPModel:
         kernels = [_at_least_floor(k) for k in kernels]
         if family not in ROWS_MONOTONE:
             return np.maximum(self._mlp_s(family, kernels, gpu, None), floor_s)
-        halvings = [row_halvings(k) for k in kernels]
-        t = self._mlp_s(family, [h for hs in halvings for h in hs], gpu, None)
-        starts = np.cumsum([0] + [len(hs) for hs in halvings[:-1]])
-        return np.maximum(np.maximum.reduceat(t, starts), floor_s)
+        t = np.empty(len(kernels))
+        by_op: dict[str, list[int]] = defaultdict(list)
+        for i, k in enumerate(kernels):
+            by_op[k.op].append(i)
+        for idx in by_op.values():
+            halved, starts = row_halvings(np.array([kernels[i].dims for i in idx], np.int64))
+            each = self._net_s(family, row_features(gpu, kernels[idx[0]], halved))
+            t[idx] = np.maximum.reduceat(each, starts)
+        return np.maximum(t, floor_s)
 
     def _mlp_s(
         self,
@@ -88,7 +93,10 @@ class TileMLPModel:
         choice: npt.NDArray[np.int64] | None,
     ) -> npt.NDArray[np.float64]:
         """The MLP's own seconds: its ratio times the kernels' base time."""
-        fb = build_features(gpu, kernels, choice)
+        return self._net_s(family, build_features(gpu, kernels, choice))
+
+    def _net_s(self, family: OpFamily, fb: FeatureBatch) -> npt.NDArray[np.float64]:
+        """The MLP's own seconds of a feature batch."""
         net = self.mlps[family]
         x = torch.from_numpy(fb.x)
         if family not in self._warned and bool(((x < net.lo) | (x > net.hi)).any()):
@@ -195,15 +203,21 @@ def _at_least_floor(k: KernelSpec) -> KernelSpec:
 ROWS_MONOTONE = (OpFamily.SOFTMAX, OpFamily.LAYERNORM)
 
 
-def row_halvings(k: KernelSpec) -> list[KernelSpec]:
-    """``k`` and the kernels of its width with half, a quarter, ... of its rows, while they
-    keep at least the floor's rows (`ROW_FLOOR_ELEMENTS` elements)."""
-    rows, width = k.dims
+def row_halvings(
+    dims: npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """For (n, 2) row-kernel ``dims`` ``B, H``: each kernel's dims and those of its width with
+    half, a quarter, ... of its rows while they keep at least the floor's rows
+    (`ROW_FLOOR_ELEMENTS` elements), one kernel's after another, and where each kernel's start
+    (for ``np.maximum.reduceat``). In arrays: a 100k-kernel call makes ~300k of them."""
+    rows, width = dims[:, 0], dims[:, 1]
     floor_rows = -(-ROW_FLOOR_ELEMENTS // width)
-    out = [k]
-    while (rows := rows // 2) >= floor_rows:
-        out.append(replace(k, dims=(rows, width)))
-    return out
+    shifts = np.arange(int(rows.max()).bit_length())
+    halved = rows[:, None] >> shifts[None, :]
+    keep = (halved >= floor_rows[:, None]) | (shifts[None, :] == 0)  # a prefix of each row
+    out = np.column_stack([halved[keep], np.broadcast_to(width[:, None], halved.shape)[keep]])
+    counts = keep.sum(axis=1)
+    return out, np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
 
 
 def _table(key: str, dims: npt.NDArray[np.float32], choice: npt.NDArray[np.int64]) -> TileTable:

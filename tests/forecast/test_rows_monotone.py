@@ -4,6 +4,7 @@ a kernel is forecast at least as long as each of its halvings in rows (`row_halv
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from forecast.gpus import list_gpus, load_gpu
@@ -31,11 +32,12 @@ def _tile_mlp() -> LatencyModel:
     ],
 )
 def test_row_halvings_go_down_to_the_floor_rows(dims: tuple[int, int], rows: list[int]) -> None:
-    k = KernelSpec(OpFamily.LAYERNORM, dims)
-    got = row_halvings(k)
-    assert [h.dims for h in got] == [(r, dims[1]) for r in rows]
-    assert all(h.family is k.family and h.op == k.op for h in got)
-    assert all(h.dims[0] * h.dims[1] >= min(ROW_FLOOR_ELEMENTS, dims[0] * dims[1]) for h in got)
+    other = (2048, 512)  # a second kernel: each kernel's chain starts where the last one ended
+    got, starts = row_halvings(np.array([dims, other], np.int64))
+    assert starts.tolist() == [0, len(rows)]
+    assert [tuple(d) for d in got[: len(rows)]] == [(r, dims[1]) for r in rows]
+    assert [tuple(d) for d in got[len(rows) :]] == [(r, 512) for r in (2048, 1024, 512, 256, 128)]
+    assert all(r * w >= min(ROW_FLOOR_ELEMENTS, dims[0] * dims[1]) for r, w in got[: len(rows)])
 
 
 @pytest.mark.parametrize("gpu_id", list_gpus())
