@@ -9,6 +9,9 @@ rate, as every edge of the graph is.
 
 from __future__ import annotations
 
+import math
+
+import networkx as nx
 import pytest
 
 from topologies import Degradation, load_cluster, load_network
@@ -63,3 +66,37 @@ def test_degradations_scale_the_edge_as_the_model_does() -> None:
     # a NIC at a quarter of XDR (25 GB/s) is now the slower
     slow_nic = Degradation(tier="inter", node=0, local_rank=0, bw_scale=0.25)
     assert _nic_edge("pcie-h100-8gpu", "ib-xdr", slow_nic) == _port("ib-xdr") * 0.25
+
+
+def _node_to_network_line_rate(server: str, network: str) -> float:
+    """Maximum flow, line rate, from every GPU of node 0 into the network (its leaves)."""
+    g = load_cluster(server, gpus=16, network=network).to_graph()
+    flow = nx.DiGraph()
+    for a, b, d in g.edges(data=True):
+        flow.add_edge(a, b, capacity=d["bw_bytes_per_s_per_dir"])
+        flow.add_edge(b, a, capacity=d["bw_bytes_per_s_per_dir"])
+    for n in list(flow.nodes):
+        if n[0] == "gpu" and n[1] == 0:
+            flow.add_edge("src", n, capacity=math.inf)
+        elif n[0] == "leaf":
+            flow.add_edge(n, "dst", capacity=math.inf)
+    return float(nx.maximum_flow_value(flow, "src", "dst"))
+
+
+@pytest.mark.parametrize(
+    ("server", "network", "x16"),
+    [
+        ("pcie-h100-8gpu", "ib-xdr", GEN5_X16),  # 2 GPUs a NIC: 2 x16 links into it
+        ("dgx1-v100", "ib-ndr", GEN3_X16),
+        ("pcie-h100-8gpu", "roce-400gbe", GEN5_X16),  # the port is the slower
+        ("dgx-h100", "ib-xdr", GEN5_X16),  # a NIC a GPU
+    ],
+)
+def test_a_shared_nic_sends_no_more_than_its_own_x16_link(
+    server: str, network: str, x16: float
+) -> None:
+    # as `nics.gpu_inter_bw`: a NIC at the lesser of its port and its own x16 link, which the
+    # GPUs behind it share; the graph let two GPUs' x16 links fill an XDR port past it
+    nics = load_cluster(server, gpus=16, network=network).server.nics_per_node
+    expected = nics * min(_port(network), x16)
+    assert _node_to_network_line_rate(server, network) == pytest.approx(expected)
