@@ -248,10 +248,12 @@ class Cluster:
 
     def _pcie_path_bw(self, node: int, gpu: int, nic_bw: float) -> float:
         """A GPU's PCIe path to its NIC, line rate: the NIC's rate, no faster than the GPU's x16
-        link (on a PCIe server scaled by its ``intra`` degradation: it is that link), as
-        `topologies.nics.gpu_inter_bw` caps the NIC's effective rate."""
-        pcie = pcie_line_bw(self.server)
+        link (on a PCIe server scaled by its ``intra`` degradation: it is that link), which a
+        GPU with several NICs splits evenly over them, as `topologies.nics.gpu_inter_bw` caps
+        the GPU's effective rate."""
+        srv = self.server
+        pcie = pcie_line_bw(srv)
         if pcie is None:
             return nic_bw
-        own = self._scale("intra", node, gpu) if self.server.fabric == "pcie" else 1.0
-        return min(nic_bw, pcie * own)
+        own = self._scale("intra", node, gpu) if srv.fabric == "pcie" else 1.0
+        return min(nic_bw, pcie * own / max(1, srv.nics_per_node // srv.gpus_per_node))

@@ -14,7 +14,8 @@ import math
 import networkx as nx
 import pytest
 
-from topologies import Degradation, load_cluster, load_network
+from topologies import Cluster, Degradation, ServerSpec, load_cluster, load_network
+from topologies.nics import gpu_inter_bw
 
 GEN5_X16, GEN3_X16 = 6.4e10, 1.6e10  # line rates, one direction
 
@@ -100,3 +101,26 @@ def test_a_shared_nic_sends_no_more_than_its_own_x16_link(
     nics = load_cluster(server, gpus=16, network=network).server.nics_per_node
     expected = nics * min(_port(network), x16)
     assert _node_to_network_line_rate(server, network) == pytest.approx(expected)
+
+
+def test_a_gpu_with_two_nics_sends_no_more_than_its_x16_link() -> None:
+    # 16 NICs on 8 GPUs: each GPU reaches two NICs; `nics.gpu_inter_bw` caps the two together
+    # at the GPU's one x16 link (2 x 47 GB/s of NDR, effective, against 48.6), the graph let
+    # each NIC edge take the whole link (2 x 50 GB/s line rate through a 64 GB/s link)
+    base = load_cluster("dgx-h100", gpus=16)
+    server = ServerSpec.model_validate({**base.server.model_dump(), "nics_per_node": 16})
+    cluster = Cluster(base.spec.model_copy(update={"server": server}))
+    g = cluster.to_graph()
+    both = sum(
+        g.edges[("gpu", 0, 0), nic]["bw_bytes_per_s_per_dir"]
+        for nic in g.neighbors(("gpu", 0, 0))
+        if nic[0] == "nic"
+    )
+    assert sum(1 for n in g.neighbors(("gpu", 0, 0)) if n[0] == "nic") == 2
+    assert both == pytest.approx(min(2 * _port("ib-ndr"), GEN5_X16))
+    link = cluster.server.pcie
+    assert link is not None
+    model = gpu_inter_bw(cluster.spec, 0, 0)
+    assert model == pytest.approx(
+        min(2 * base.network.link.effective_bw_bytes_per_s, link.effective_bw_bytes_per_s)
+    )
