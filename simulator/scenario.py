@@ -1,12 +1,13 @@
 """A distributed-training scenario: the TOML schema, ``--set`` overrides and resolution.
 
 Tables: ``[study]`` (name), ``[model]`` (``id``, ``hf_config`` or inline sizes; ``seq_len``
-always), ``[cluster]`` (gpu, server, network, num_gpus, gpus_per_node, nics_per_node),
-``[training]`` (global_batch_size, dtype, framework, attention), ``[run]`` (one `RunConfig`) and an
-optional ``[sweep]`` (lists, read by the sweep). Every table forbids unknown keys; errors name
-the key (``run.tpp``) and the rule, as one line. The ``[model]`` and ``[cluster]`` tables
-are `simulator.model_section` and `simulator.cluster_section`. `resolve` turns ids into objects
-(`SimInputs`); nothing here simulates.
+always), ``[cluster]`` (gpu, server, network, num_gpus, gpus_per_node, nics_per_node,
+nodes_per_leaf, oversubscription), ``[training]`` (global_batch_size, dtype, framework,
+attention), ``[run]`` (one `RunConfig`) and an optional ``[sweep]`` (lists, read by the sweep).
+Every table forbids unknown keys; errors name the key (``run.tpp``) and the rule, as one line.
+The ``[model]`` and ``[cluster]`` tables are `simulator.model_section` and
+`simulator.cluster_section`. `resolve` turns ids into objects (`SimInputs`); nothing here
+simulates.
 """
 
 from __future__ import annotations

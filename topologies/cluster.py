@@ -190,7 +190,9 @@ class Cluster:
         Nodes are tuples (``("gpu", node, i)``, ``("nvswitch", node)``, ``("nic", node, i)``,
         ``("leaf", rail, group)``, ``("spine", rail)``) with a ``kind`` attribute; edges carry
         ``bw_bytes_per_s_per_dir`` (line rate) and ``tier``. A GPU's edge to its NIC (``pcie``)
-        is no faster than the GPU's x16 link, where the server file gives one.
+        is no faster than the GPU's x16 link, and a NIC's edge to its leaf no faster than the
+        NIC's own x16 link (as fast, `topologies.nics`; shared by the GPUs behind the NIC),
+        where the server file gives one.
         """
         g = nx.Graph()
         for node in range(self.spec.num_nodes):
@@ -232,7 +234,8 @@ class Cluster:
                     g.add_edge(("gpu", node, gpu), nic, bw_bytes_per_s_per_dir=pcie, tier="pcie")
             leaf = ("leaf", rail, leaf_group)
             g.add_node(leaf, kind="leaf")
-            g.add_edge(nic, leaf, bw_bytes_per_s_per_dir=bw, tier="inter")
+            port = min(bw, pcie_line_bw(srv) or bw)  # fed by its own x16 link (`nics`)
+            g.add_edge(nic, leaf, bw_bytes_per_s_per_dir=port, tier="inter")
             if n_groups > 1:
                 up = net.link.bw_bytes_per_s_per_dir * self.spec.nodes_per_leaf
                 g.add_node(("spine", rail), kind="spine")
@@ -245,10 +248,12 @@ class Cluster:
 
     def _pcie_path_bw(self, node: int, gpu: int, nic_bw: float) -> float:
         """A GPU's PCIe path to its NIC, line rate: the NIC's rate, no faster than the GPU's x16
-        link (on a PCIe server scaled by its ``intra`` degradation: it is that link), as
-        `topologies.nics.gpu_inter_bw` caps the NIC's effective rate."""
-        pcie = pcie_line_bw(self.server)
+        link (on a PCIe server scaled by its ``intra`` degradation: it is that link), which a
+        GPU with several NICs splits evenly over them, as `topologies.nics.gpu_inter_bw` caps
+        the GPU's effective rate."""
+        srv = self.server
+        pcie = pcie_line_bw(srv)
         if pcie is None:
             return nic_bw
-        own = self._scale("intra", node, gpu) if self.server.fabric == "pcie" else 1.0
-        return min(nic_bw, pcie * own)
+        own = self._scale("intra", node, gpu) if srv.fabric == "pcie" else 1.0
+        return min(nic_bw, pcie * own / max(1, srv.nics_per_node // srv.gpus_per_node))

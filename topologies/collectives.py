@@ -1,9 +1,11 @@
 """Collective cost: alpha-beta per tier, protocols, and an NCCL-style choice of algorithm.
 
-time = launch + sum over phases of [latency + bytes / bw + 2 sqrt(depth * bytes / bw)] under
-the protocol chosen (Simple: full bandwidth, pipelined; LL: 0.35 of it, 1/5 the per-step
-latency, no chunk pipeline). ``auto`` takes the fastest (algorithm, protocol) pair, as NCCL's
-tuner does with its own model. A group of one rank costs 0 s (and has no bandwidth).
+time = launch + NCCL's base latency of the (algorithm, protocol) + the phases' latencies + their
+data time (phases on one link add, links overlap) + 2 sqrt(depth * data time), under the
+protocol chosen (Simple: full bandwidth, pipelined; LL: 0.35 of it, 1/5 the per-step latency,
+no chunk pipeline; LL128: 0.92 of it, 0.56 the per-step latency, pipelined; `_phases_s`).
+``auto`` takes the fastest (algorithm, protocol) pair, as NCCL's tuner does with its own model.
+A group of one rank costs 0 s (and has no bandwidth).
 """
 
 from __future__ import annotations

@@ -9,9 +9,13 @@ rate, as every edge of the graph is.
 
 from __future__ import annotations
 
+import math
+
+import networkx as nx
 import pytest
 
-from topologies import Degradation, load_cluster, load_network
+from topologies import Cluster, Degradation, ServerSpec, load_cluster, load_network
+from topologies.nics import gpu_inter_bw
 
 GEN5_X16, GEN3_X16 = 6.4e10, 1.6e10  # line rates, one direction
 
@@ -63,3 +67,60 @@ def test_degradations_scale_the_edge_as_the_model_does() -> None:
     # a NIC at a quarter of XDR (25 GB/s) is now the slower
     slow_nic = Degradation(tier="inter", node=0, local_rank=0, bw_scale=0.25)
     assert _nic_edge("pcie-h100-8gpu", "ib-xdr", slow_nic) == _port("ib-xdr") * 0.25
+
+
+def _node_to_network_line_rate(server: str, network: str) -> float:
+    """Maximum flow, line rate, from every GPU of node 0 into the network (its leaves)."""
+    g = load_cluster(server, gpus=16, network=network).to_graph()
+    flow = nx.DiGraph()
+    for a, b, d in g.edges(data=True):
+        flow.add_edge(a, b, capacity=d["bw_bytes_per_s_per_dir"])
+        flow.add_edge(b, a, capacity=d["bw_bytes_per_s_per_dir"])
+    for n in list(flow.nodes):
+        if n[0] == "gpu" and n[1] == 0:
+            flow.add_edge("src", n, capacity=math.inf)
+        elif n[0] == "leaf":
+            flow.add_edge(n, "dst", capacity=math.inf)
+    return float(nx.maximum_flow_value(flow, "src", "dst"))
+
+
+@pytest.mark.parametrize(
+    ("server", "network", "x16"),
+    [
+        ("pcie-h100-8gpu", "ib-xdr", GEN5_X16),  # 2 GPUs a NIC: 2 x16 links into it
+        ("dgx1-v100", "ib-ndr", GEN3_X16),
+        ("pcie-h100-8gpu", "roce-400gbe", GEN5_X16),  # the port is the slower
+        ("dgx-h100", "ib-xdr", GEN5_X16),  # a NIC a GPU
+    ],
+)
+def test_a_shared_nic_sends_no_more_than_its_own_x16_link(
+    server: str, network: str, x16: float
+) -> None:
+    # as `nics.gpu_inter_bw`: a NIC at the lesser of its port and its own x16 link, which the
+    # GPUs behind it share; the graph let two GPUs' x16 links fill an XDR port past it
+    nics = load_cluster(server, gpus=16, network=network).server.nics_per_node
+    expected = nics * min(_port(network), x16)
+    assert _node_to_network_line_rate(server, network) == pytest.approx(expected)
+
+
+def test_a_gpu_with_two_nics_sends_no_more_than_its_x16_link() -> None:
+    # 16 NICs on 8 GPUs: each GPU reaches two NICs; `nics.gpu_inter_bw` caps the two together
+    # at the GPU's one x16 link (2 x 47 GB/s of NDR, effective, against 48.6), the graph let
+    # each NIC edge take the whole link (2 x 50 GB/s line rate through a 64 GB/s link)
+    base = load_cluster("dgx-h100", gpus=16)
+    server = ServerSpec.model_validate({**base.server.model_dump(), "nics_per_node": 16})
+    cluster = Cluster(base.spec.model_copy(update={"server": server}))
+    g = cluster.to_graph()
+    both = sum(
+        g.edges[("gpu", 0, 0), nic]["bw_bytes_per_s_per_dir"]
+        for nic in g.neighbors(("gpu", 0, 0))
+        if nic[0] == "nic"
+    )
+    assert sum(1 for n in g.neighbors(("gpu", 0, 0)) if n[0] == "nic") == 2
+    assert both == pytest.approx(min(2 * _port("ib-ndr"), GEN5_X16))
+    link = cluster.server.pcie
+    assert link is not None
+    model = gpu_inter_bw(cluster.spec, 0, 0)
+    assert model == pytest.approx(
+        min(2 * base.network.link.effective_bw_bytes_per_s, link.effective_bw_bytes_per_s)
+    )
