@@ -179,17 +179,19 @@ def without(kernels: Counted, part: Counted) -> Counted:
     return tuple(rest)
 
 
-def gathered_kv_units(comm_type: str, cp: int) -> float:
+def gathered_kv_units(comm_type: str, cp: int, *, causal: bool = True) -> float:
     """Peak whole-sequence K,V-sized temporaries of one layer's attention core under
     ``all_gather``, in units of the whole sequence's K and V on one TP rank; 0 otherwise. The
     backward's peak (TransformerEngine's ``AttnFuncWithCPAndKVAllGather.backward``): the
     re-gathered K and V (1), the whole-sequence dK, dV it accumulates (``torch.zeros`` of ``cp``
     shards: 1), each query half's dK, dV over its K,V prefix (``(2cp + 1) / (2cp)``: the two
-    prefixes span ``S + S/(2cp)`` keys, both kept to the end), and the reorder copy of dK, then
-    of dV, before the reduce-scatter (1/2). The forward holds the gathered K and V alone (1)."""
+    prefixes span ``S + S/(2cp)`` keys, both kept to the end; without a causal mask each half
+    sees all ``S`` keys: 2), and the reorder copy of dK, then of dV, before the reduce-scatter
+    (1/2). The forward holds the gathered K and V alone (1)."""
     if cp == 1 or comm_type != "all_gather":
         return 0.0
-    return 1.0 + 1.0 + (2 * cp + 1) / (2 * cp) + 0.5
+    per_half = (2 * cp + 1) / (2 * cp) if causal else 2.0
+    return 1.0 + 1.0 + per_half + 0.5
 
 
 @dataclass(frozen=True, slots=True)

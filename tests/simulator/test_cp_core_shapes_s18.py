@@ -17,7 +17,7 @@ import pytest
 
 from forecast.kernels import CAUSAL_ATTENTION_OPS, Dtype, KernelSpec, OpFamily
 from simulator.cli import main
-from simulator.context_parallel import Counted, schedule_core
+from simulator.context_parallel import Counted, gathered_kv_units, schedule_core
 from simulator.dist_memory import stage_memory
 from simulator.parallel import RunConfig
 from simulator.scenario import SimInputs, load_scenario, resolve
@@ -172,6 +172,22 @@ def test_all_gather_holds_its_whole_sequence_k_v_temporaries() -> None:
             other[comm] = stage_memory(inputs, layout, 0, params, in_flight=1).other_bytes
         want = (3.5 + 1 / (2 * cp)) * kv_bytes
         assert other["all_gather"] - other["p2p"] == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize(("cp", "causal", "want"), [(2, True, 3.75), (4, True, 3.625)])
+def test_gathered_kv_units_closed_form(cp: int, causal: bool, want: float) -> None:
+    """Causal: each query half's dK, dV spans its prefix, ``S + S/(2cp)`` keys for the two."""
+    assert gathered_kv_units("all_gather", cp, causal=causal) == want
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_without_a_causal_mask_each_query_half_s_dk_dv_spans_the_whole_sequence(cp: int) -> None:
+    """BERT's encoder attends both ways: each of a rank's two query halves runs against all S
+    keys, so its per-half dK, dV are whole-sequence sized (2 units, not (2cp + 1)/(2cp))."""
+    causal = gathered_kv_units("all_gather", cp)
+    both_ways = gathered_kv_units("all_gather", cp, causal=False)
+    assert both_ways - causal == pytest.approx(2.0 - (2 * cp + 1) / (2 * cp), rel=1e-15)
+    assert gathered_kv_units("p2p", cp, causal=False) == 0.0
 
 
 def test_one_screen_cache_keeps_each_schedule_s_core() -> None:
