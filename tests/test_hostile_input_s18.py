@@ -211,3 +211,25 @@ def test_a_forecast_that_does_not_fit_prints_and_exits_1(
         assert "does NOT fit: the weights alone do not fit in GPU memory" in out
     else:
         assert json.loads(out)["fits"] is False
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("hidden_size", 10**12), ("num_layers", 10**9), ("vocab_size", 10**12)],
+)
+def test_a_model_size_past_any_transformer_is_refused(
+    key: str, value: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A typo'd model file (hidden_size = 1e12) was forecast in 10^23 seconds; it is refused
+    naming the key and the largest size accepted."""
+    sizes = {"num_layers": 2, "hidden_size": 1024, "ffn_hidden_size": 4096, "vocab_size": 50257}
+    sizes[key] = value
+    body = "".join(f"{k} = {v}\n" for k, v in sizes.items())
+    model = tmp_path / "typo.toml"
+    model.write_text(f'architecture = "gpt2"\nnum_heads = 16\n{body}')
+    argv = f"predict --model {model} --gpu a100-pcie-80gb --batch 1 --seq 128 --mode inf"
+    assert main(argv.split()) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err.strip()
+    assert "\n" not in err and f"'{key}'" in err and "less than or equal to" in err
