@@ -15,6 +15,19 @@ if TYPE_CHECKING:
 # 0.1 s, 10^6 took over a minute and 2^63 overflowed; the largest MoE models have a few
 # thousand (Switch-C: 2,048, Fedus et al. 2021)
 MAX_EXPERTS = 2**16
+# Widths and counts far past any published transformer (widest hidden 25,600, FFN 3.5x that;
+# deepest 126 layers; most heads 128), so that a typo (hidden_size = 1e12) is refused rather
+# than forecast in 10^23 s. The vocabulary is left open: a huge one is a layout that does
+# not fit, which `simulate` and `sweep` report as such.
+MAX_SIZES = {
+    "hidden_size": 2**20,
+    "ffn_hidden_size": 2**22,
+    "head_dim": 2**20,
+    "num_layers": 2**16,
+    "num_encoder_layers": 2**16,
+    "num_heads": 2**16,
+    "num_kv_heads": 2**16,
+}
 
 
 class ShapeError(ValueError):
@@ -29,9 +42,20 @@ def check_shapes(m: ModelSpec) -> None:
     """A `ShapeError` for the first rule ``m`` breaks: the heads divide the width and the kv
     heads the heads, only Switch alternates dense and expert layers, only OPT projects its
     embeddings, ``local_experts`` is the simulator's to set, and the expert counts are bounded."""
+    _check_sizes(m)
     _check_heads(m)
     _check_architecture(m)
     _check_experts(m)
+
+
+def _check_sizes(m: ModelSpec) -> None:
+    for field, most in MAX_SIZES.items():
+        if getattr(m, field) > most:
+            raise ShapeError(
+                field,
+                f"{field} = {getattr(m, field):,} is past any transformer modelled here; "
+                f"use at most {most:,}",
+            )
 
 
 def _check_heads(m: ModelSpec) -> None:

@@ -215,7 +215,7 @@ def test_a_forecast_that_does_not_fit_prints_and_exits_1(
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("hidden_size", 10**12), ("num_layers", 10**9), ("vocab_size", 10**12)],
+    [("hidden_size", 10**12), ("num_layers", 10**9), ("ffn_hidden_size", 2**23)],
 )
 def test_a_model_size_past_any_transformer_is_refused(
     key: str, value: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -232,4 +232,4 @@ def test_a_model_size_past_any_transformer_is_refused(
     captured = capsys.readouterr()
     assert captured.out == ""
     err = captured.err.strip()
-    assert "\n" not in err and f"'{key}'" in err and "less than or equal to" in err
+    assert "\n" not in err and f"'{key}'" in err and "use at most" in err
