@@ -42,28 +42,31 @@ def nic_scale(spec: ClusterSpec, node: int, local: int) -> float:
     return scale
 
 
-def pcie_bw(server: ServerSpec) -> float | None:
-    """A GPU's PCIe x16 link's achieved rate, one direction, where the server file gives one:
-    the GPU's one link on a PCIe server, its ``[pcie]`` link on an NVSwitch or mesh server, else
-    a mesh's host path (DGX-1: PCIe 3.0). A NIC's own link to its PCIe switch is taken to be as
-    fast. None where none is filed: the NIC is then not capped by PCIe."""
+def pcie_link(server: ServerSpec) -> tuple[float, float] | None:
+    """A GPU's PCIe x16 link where the server file gives one, as (line rate one direction,
+    efficiency): the GPU's one link on a PCIe server, its ``[pcie]`` link on an NVSwitch or
+    mesh server, else a mesh's host path (DGX-1: PCIe 3.0, at its fabric's efficiency). A NIC's
+    own link to its PCIe switch is taken to be as fast. None where none is filed: the NIC is
+    then not capped by PCIe."""
     if server.fabric == "pcie":
-        return server.intra.effective_bw_bytes_per_s
+        return server.intra.bw_bytes_per_s_per_dir, server.intra.efficiency
     if server.pcie is not None:
-        return server.pcie.effective_bw_bytes_per_s
+        return server.pcie.bw_bytes_per_s_per_dir, server.pcie.efficiency
     if server.host_bw_bytes_per_s_per_dir is not None:
-        return server.host_bw_bytes_per_s_per_dir * server.intra.efficiency
+        return server.host_bw_bytes_per_s_per_dir, server.intra.efficiency
     return None
 
 
+def pcie_bw(server: ServerSpec) -> float | None:
+    """The achieved rate, one direction, of the GPU's PCIe x16 link (`pcie_link`)."""
+    link = pcie_link(server)
+    return None if link is None else link[0] * link[1]
+
+
 def pcie_line_bw(server: ServerSpec) -> float | None:
-    """The line rate, one direction, of the x16 link `pcie_bw` reads (before its efficiency);
-    None where none is filed."""
-    if server.fabric == "pcie":
-        return server.intra.bw_bytes_per_s_per_dir
-    if server.pcie is not None:
-        return server.pcie.bw_bytes_per_s_per_dir
-    return server.host_bw_bytes_per_s_per_dir
+    """The line rate, one direction, of the GPU's PCIe x16 link (`pcie_link`)."""
+    link = pcie_link(server)
+    return None if link is None else link[0]
 
 
 def nics_kept(server: ServerSpec, gpus: int) -> int:
