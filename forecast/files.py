@@ -12,6 +12,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+NOT_REGULAR = "is not a regular file (a device, pipe or socket); give a file path"
+
+
+def is_special_file(path: Path) -> bool:
+    """Whether ``path`` exists as neither a regular file nor a folder (a device such as
+    /dev/full, a pipe, /dev/stdout): renaming a new file over it would replace it."""
+    return path.exists() and not path.is_file() and not path.is_dir()
+
 
 class NotRegularFileError(OSError):
     """A write target that exists but is a device, pipe or socket (/dev/full, /dev/stdout):
@@ -38,10 +46,8 @@ def write_together(writes: Sequence[tuple[Path, Callable[[Path], object]]]) -> N
     the old ones, in the order given (put the file that marks the set complete last). An
     interrupt while writing leaves the old set untouched and no temporary file."""
     for path, _ in writes:  # checked first: nothing is written when one cannot be
-        if path.exists() and not path.is_file() and not path.is_dir():
-            raise NotRegularFileError(
-                f"{path} is not a regular file (a device, pipe or socket); give a file path"
-            )
+        if is_special_file(path):
+            raise NotRegularFileError(f"{path} {NOT_REGULAR}")
     # a fresh folder beside the first file (same file system, so the renames are atomic);
     # each file keeps its own name there (torch.save records it inside the archive)
     stage = Path(tempfile.mkdtemp(prefix=".partial-", dir=writes[0][0].parent))

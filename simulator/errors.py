@@ -7,6 +7,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from forecast.files import NOT_REGULAR, is_special_file
+
 
 class ConfigError(ValueError):
     """Bad user input: the message names the field and the fix."""
@@ -51,10 +53,8 @@ def refuse_special_file(path: Path, label: str) -> None:
     file nor a folder (a device such as /dev/full, a pipe, /dev/stdout): the whole-or-nothing
     write renames a new file over it, which replaced the device itself (as root) or failed
     after all the work."""
-    if path.exists() and not path.is_file() and not path.is_dir():
-        raise ConfigError(
-            f"{label}: {path} is not a regular file (a device, pipe or socket); give a file path"
-        )
+    if is_special_file(path):
+        raise ConfigError(f"{label}: {path} {NOT_REGULAR}")
 
 
 def check_writable_above(path: Path, label: str) -> Path:
