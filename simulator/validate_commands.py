@@ -47,12 +47,12 @@ def add_validate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
 
 
 def _validate_e2e(args: argparse.Namespace) -> int:
-    if not (args.data / "labels").is_dir():
-        raise ConfigError(f"--data {args.data}: no labels folder; give the NeuSight data folder")
-    if args.plot is not None:
+    if args.plot is not None:  # the outputs first, as `kernels validate` checks --out
         from simulator.figures import figure_path
 
         figure_path(args.plot, "--plot")
+    if not (args.data / "labels").is_dir():
+        raise ConfigError(f"--data {args.data}: no labels folder; give the NeuSight data folder")
     if args.readme is not None:  # before the minutes of work, and all three tables or none
         check_readme(args.readme, E2E_MARKERS)
     runs, skipped = e2e_runs(args.data)
