@@ -186,13 +186,13 @@ MIN_WIDTH = {OpFamily.LAYERNORM: 256}  # layer norms measured: widths 260-4100
 # a line through them: with the A100-40GB held out it extrapolated the HBM GPUs' trend (P100
 # 0.73, V100 0.90 of peak) to about 1.0 of the A100's peak, which streams at 0.87. The
 # held-out GPU's element-wise error was almost all such a per-GPU offset (median log ratio
-# -14% on the A100-40GB, spread about it 2%). Leave-one-GPU-out through `predict_s`
-# (five-member ensembles, seeds 0-4, `benchmarks/feature_ablation.py --floor`; before: the
-# floor at peak): element-wise 11.2 -> 9.8% (A100-40GB 13.0 -> 7.0, P100 19.3 -> 18.5, P4 5.6
-# -> 5.4, T4 and V100 unchanged), softmax 12.7 -> 12.6% (A100-40GB 13.6 -> 13.1), layer norm
-# 11.1 -> 11.0% (A100-40GB 10.5 -> 10.3, V100 11.6 -> 11.7). Rejected: the median over kernels
-# moving over 64 MB (the memory family's efficiency), whose mid-size kernels lose bandwidth to
-# launch and tail (element-wise 9.1%, but the V100 11.6 -> 14.7%: capped at the T4's 0.78).
+# -14% on the A100-40GB, spread about it 2%). Leave-one-GPU-out (`tilesim kernels validate`;
+# before: the floor at peak): element-wise 11.2 -> 9.8% (A100-40GB 13.0 -> 7.0, P100 19.3 ->
+# 18.5, the others unchanged), softmax 12.7 -> 12.6% (A100-40GB 13.6 -> 13.1), layer norm
+# 11.07 -> 11.05% (A100-40GB 10.5 -> 10.4); `benchmarks/feature_ablation.py --floor` prints
+# the same means within 0.1 (single GPUs within 0.2). Rejected: the median over kernels moving
+# over 64 MB (the memory family's efficiency), whose mid-size kernels lose bandwidth to launch
+# and tail (element-wise 9.1%, but the V100 11.6 -> 14.7%: capped at the T4's 0.78).
 # The element-wise row envelope (`ROWS_MONOTONE`) changed no test row's forecast (11.2%).
 def dram_floor_s(
     kernels: list[KernelSpec], gpu: GPUSpec, fraction: float = 1.0
