@@ -2,8 +2,9 @@
 
 Weights live in ``forecast/data/weights/``: ``<family>.pt`` (the MLP state dict),
 ``tiles_<family>.npz`` (the tile choices the picker learned from kernel names) and
-``model.json`` (feature lists, training GPUs, data hash, held-out errors, and the fitted
-efficiency of the memory-bound bandwidth model).
+``model.json`` (feature lists, training GPUs, data hash, held-out errors, the fitted
+efficiency of the memory-bound bandwidth model, and the fraction of DRAM peak at the row
+families' floor).
 """
 
 from __future__ import annotations
