@@ -191,9 +191,11 @@ MIN_WIDTH = {OpFamily.LAYERNORM: 256}  # layer norms measured: widths 260-4100
 # before: the floor at peak): element-wise 11.2 -> 9.8% (A100-40GB 13.0 -> 7.0, P100 19.3 ->
 # 18.5, the others unchanged), softmax 12.7 -> 12.6% (A100-40GB 13.6 -> 13.1), layer norm
 # 11.07 -> 11.05% (A100-40GB 10.5 -> 10.4); `benchmarks/feature_ablation.py --floor` prints
-# the same means within 0.1 (single GPUs within 0.2). Rejected: the median over kernels moving
-# over 64 MB (the memory family's efficiency), whose mid-size kernels lose bandwidth to launch
-# and tail (element-wise 9.1%, but the V100 11.6 -> 14.7%: capped at the T4's 0.78).
+# the same means within 0.1 (single GPUs within 0.2). With seeds 5-9: element-wise 12.0 ->
+# 10.5% (A100-40GB 13.8 -> 7.4), softmax 13.6 -> 13.3%, layer norm 11.4 -> 11.4%. Rejected:
+# the median over kernels moving over 64 MB (the memory family's efficiency), whose mid-size
+# kernels lose bandwidth to launch and tail (element-wise 9.1%, but the V100 11.6 -> 14.7%:
+# capped at the T4's 0.78).
 # The element-wise row envelope (`ROWS_MONOTONE`) changed no test row's forecast (11.2%).
 def dram_floor_s(
     kernels: list[KernelSpec], gpu: GPUSpec, fraction: float = 1.0
