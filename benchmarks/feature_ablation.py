@@ -1,13 +1,15 @@
 """Leave-one-GPU-out error of one kernel family with some of its feature columns dropped.
 
-Run: ``python benchmarks/feature_ablation.py linear [--drop COL,COL] [--members 5]``. Trains
-the family's ensemble once per training GPU held out (on the other four, as `tilesim kernels
+Run: ``python benchmarks/feature_ablation.py linear [--drop COL,COL] [--members 5] [--floor]``.
+Trains the family's ensemble once per training GPU held out (on the other four, as `tilesim kernels
 validate` does) with the named columns of `forecast.features.feature_names` removed, and
 prints each held-out GPU's mean absolute percentage error on its NeuSight test rows and their
 mean: the number feature choices in `forecast/features.py` were made by. The unseen GPUs
 (L4, A100 80GB PCIe) are printed too, with a model trained on all five, but a choice made by
 them would be tuned to them. Reads ``../shared/data/neusight`` (or ``--data``); nothing is
-written. A GEMM family takes 5-10 minutes on one core with five members.
+written. A GEMM family takes 5-10 minutes on one core with five members. ``--floor``: row
+families are scored as `TileMLPModel.predict_s` forecasts them, at least their DRAM floor at the
+fold's fraction of peak (`forecast.tile_mlp.dram_floor_s`, `forecast.train.fit_dram_fraction`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from forecast.features import build_features, feature_names
 from forecast.gpus import load_gpu
 from forecast.kernels import GEMM_FAMILIES, OpFamily
 from forecast.mlp import TileEnsemble
+from forecast.tile_mlp import dram_floor_s
 from forecast.train import (
     DEFAULT_EPOCHS,
     EPOCHS,
@@ -32,6 +35,7 @@ from forecast.train import (
     SEED,
     build_picker,
     device_batches,
+    fit_dram_fraction,
     fit_mlp,
     load_family_data,
     row_weights,
@@ -39,15 +43,18 @@ from forecast.train import (
 
 
 def held_out_errors(
-    family: OpFamily, drop: list[str], members: int, data: Path
+    family: OpFamily, drop: list[str], members: int, data: Path, floor: bool = False
 ) -> dict[str, float]:
-    """Mean APE per held-out GPU (leave-one-GPU-out), then per unseen GPU."""
+    """Mean APE per held-out GPU (leave-one-GPU-out), then per unseen GPU; ``floor``: row
+    families at least their DRAM floor, as `predict_s` forecasts them."""
     names = feature_names(family)
     unknown = [c for c in drop if c not in names]
     if unknown:
         raise SystemExit(f"--drop {','.join(unknown)}: not a {family.value} column; use {names}")
     keep = [i for i, n in enumerate(names) if n not in drop]
     meas = load_family_data(data, [family])
+    floor = floor and family not in GEMM_FAMILIES
+    elem = load_family_data(data, [OpFamily.ELEMENTWISE])[OpFamily.ELEMENTWISE] if floor else None
     rows = neusight_test_rows(data)
     test = rows.family(family)
     out: dict[str, float] = {}
@@ -72,9 +79,13 @@ def held_out_errors(
             choice = None
             if family in GEMM_FAMILIES:
                 choice = picker.pick(family.value, gpu, r[list(GEMM_DIMS)].to_numpy(np.int64))
-            fb = build_features(gpu, rows.kernels(r), choice)
+            kernels = rows.kernels(r)
+            fb = build_features(gpu, kernels, choice)
             with torch.no_grad():
                 pred = fb.base_s * np.exp(ens(torch.from_numpy(fb.x[:, keep])).double().numpy())
+            if elem is not None:
+                fraction = fit_dram_fraction(elem, devices)
+                pred = np.maximum(pred, dram_floor_s(kernels, gpu, fraction))
             out[device] = float(np.abs(pred / r["latency_s"].to_numpy() - 1).mean() * 100)
     return out
 
@@ -86,17 +97,21 @@ def main() -> None:
     parser.add_argument("--drop", default="", help="comma-separated feature columns to remove")
     parser.add_argument("--members", type=int, default=MEMBERS, help="MLPs per ensemble")
     parser.add_argument("--data", type=Path, default=None, help="NeuSight data folder")
+    parser.add_argument("--floor", action="store_true", help="row families: with the DRAM floor")
     args = parser.parse_args()
     torch.set_num_threads(1)
     family = OpFamily(args.family)
     drop = [c for c in args.drop.split(",") if c]
-    errors = held_out_errors(family, drop, args.members, args.data or default_data_dir())
+    data = args.data or default_data_dir()
+    errors = held_out_errors(family, drop, args.members, data, args.floor)
     for device, err in errors.items():
         split = "leave-one-GPU-out" if device in TRAIN_DEVICES else "unseen"
         print(f"{family.value:11s} {split:17s} {device:26s} {err:5.1f}%")
     logo = [errors[d] for d in TRAIN_DEVICES if d in errors]
     dropped = ", ".join(drop) or "none"
-    print(f"{family.value}: leave-one-GPU-out mean {np.mean(logo):.1f}% (dropped: {dropped})")
+    floor = ", with the DRAM floor" if args.floor else ""
+    mean = f"{np.mean(logo):.1f}%"
+    print(f"{family.value}: leave-one-GPU-out mean {mean} (dropped: {dropped}{floor})")
 
 
 if __name__ == "__main__":

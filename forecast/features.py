@@ -73,6 +73,17 @@ ROW_FEATURES = (
 # (2.5) lie below every training GPU's (4.7-10.2), so a GPU-level column is clamped there.
 # That in-flight-over-L2 ratio now sets the DRAM re-reads in the base time instead
 # (`reread_memory_s`), where it is a formula, not a clamped column.
+# Also rejected for softmax (leave-one-GPU-out, five members, seeds 0-4; 12.7% before, seeds
+# 5-9 13.6%): a column for how PyTorch's block softmax walks a row (widths over 1,024 run one
+# 16-byte load a thread and, unless the width is a power of two, a scalar tail): the share of
+# load slots that carry data 17.4%, the scalar tail's share of the row 14.5%, a power-of-two
+# flag 16.6%. At widths 1,280-4,096 every training GPU runs powers of two faster (A100-40GB
+# 0.83 of DRAM peak at 2,048 against 0.59-0.66 at 1,600 and 2,560), but by how much varies by
+# GPU (none on the P100 and P4), and the columns moved each held-out GPU's offset instead
+# (V100 15.1 -> 20.6-25.0%). The slot share for layer norm (128 threads of 4-wide loads):
+# 11.1 -> 11.1% (seeds 5-9 11.4 -> 11.4%). Dropping `log2_footprint_over_l2` (the re-reads'
+# L2 share is in the base time): softmax 13.8% (seeds 5-9 14.0%), layer norm 11.1 -> 10.6%
+# (seeds 5-9 11.4 -> 11.4%).
 _FAMILY_FEATURES = {OpFamily.BMM: BMM_FEATURES, OpFamily.LINEAR: GEMM_FEATURES}
 
 

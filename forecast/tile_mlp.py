@@ -2,8 +2,9 @@
 
 Weights live in ``forecast/data/weights/``: ``<family>.pt`` (the MLP state dict),
 ``tiles_<family>.npz`` (the tile choices the picker learned from kernel names) and
-``model.json`` (feature lists, training GPUs, data hash, held-out errors, and the fitted
-efficiency of the memory-bound bandwidth model).
+``model.json`` (feature lists, training GPUs, data hash, held-out errors, the fitted
+efficiency of the memory-bound bandwidth model, and the fraction of DRAM peak at the row
+families' floor).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class TileMLPModel:
     picker: TilePicker
     memory: BandwidthModel = field(default_factory=BandwidthModel)
     meta: dict[str, Any] = field(default_factory=dict)
+    dram_fraction: float = 1.0  # of peak DRAM bandwidth at the row families' floor (`dram_floor_s`)
     name: str = "tile-mlp"
     _warned: set[OpFamily] = field(default_factory=set)
 
@@ -71,7 +73,7 @@ class TileMLPModel:
         if family in GEMM_FAMILIES:
             dims = np.array([k.dims for k in kernels], dtype=np.int64)
             return self._mlp_s(family, kernels, gpu, self.picker.pick(family.value, gpu, dims))
-        floor_s = dram_floor_s(kernels, gpu)
+        floor_s = dram_floor_s(kernels, gpu, self.dram_fraction)
         kernels = [_at_least_floor(k) for k in kernels]
         if family not in ROWS_MONOTONE:
             return np.maximum(self._mlp_s(family, kernels, gpu, None), floor_s)
@@ -123,6 +125,7 @@ class TileMLPModel:
             **self.meta,
             "families": {f.value: list(feature_names(f)) for f in self.mlps},
             "memory": {"efficiency": self.memory.efficiency, "launch_s": self.memory.launch_s},
+            "row_dram_fraction": self.dram_fraction,
         }
         text = json.dumps(meta, indent=2, sort_keys=True) + "\n"
         writes.append((out_dir / "model.json", lambda tmp: tmp.write_text(text)))  # last
@@ -158,7 +161,10 @@ class TileMLPModel:
         memory = BandwidthModel(
             efficiency=mem.get("efficiency", 0.8), launch_s=mem.get("launch_s", 5e-6)
         )
-        return cls(mlps=mlps, picker=TilePicker(tables), memory=memory, meta=meta)
+        fraction = float(meta.get("row_dram_fraction", 1.0))  # weights from before it: peak
+        return cls(
+            mlps=mlps, picker=TilePicker(tables), memory=memory, meta=meta, dram_fraction=fraction
+        )
 
 
 # Row kernels (element-wise, softmax, layer norm) below this many elements all cost one
@@ -175,14 +181,33 @@ ROW_FLOOR_ELEMENTS = 2**16
 MIN_WIDTH = {OpFamily.LAYERNORM: 256}  # layer norms measured: widths 260-4100
 
 
-def dram_floor_s(kernels: list[KernelSpec], gpu: GPUSpec) -> npt.NDArray[np.float64]:
+# The floor's bandwidth is the best fraction of its DRAM peak any training GPU streams at
+# (`forecast.train.fit_dram_fraction`: 0.896, the V100's), not the peak itself. The MLP reads a
+# GPU's efficiency off its power and DRAM-type columns and, between four training GPUs, draws
+# a line through them: with the A100-40GB held out it extrapolated the HBM GPUs' trend (P100
+# 0.73, V100 0.90 of peak) to about 1.0 of the A100's peak, which streams at 0.87. The
+# held-out GPU's element-wise error was almost all such a per-GPU offset (median log ratio
+# -14% on the A100-40GB, spread about it 2%). Leave-one-GPU-out (`tilesim kernels validate`;
+# before: the floor at peak): element-wise 11.2 -> 9.8% (A100-40GB 13.0 -> 7.0, P100 19.3 ->
+# 18.5, the others unchanged), softmax 12.7 -> 12.6% (A100-40GB 13.6 -> 13.1), layer norm
+# 11.07 -> 11.05% (A100-40GB 10.5 -> 10.4); `benchmarks/feature_ablation.py --floor` prints
+# the same means within 0.1 (single GPUs within 0.2). With seeds 5-9: element-wise 12.0 ->
+# 10.5% (A100-40GB 13.8 -> 7.4), softmax 13.6 -> 13.3%, layer norm 11.4 -> 11.4%. Rejected:
+# the median over kernels moving over 64 MB (the memory family's efficiency), whose mid-size
+# kernels lose bandwidth to launch and tail (element-wise 9.1%, but the V100 11.6 -> 14.7%:
+# capped at the T4's 0.78).
+# The element-wise row envelope (`ROWS_MONOTONE`) changed no test row's forecast (11.2%).
+def dram_floor_s(
+    kernels: list[KernelSpec], gpu: GPUSpec, fraction: float = 1.0
+) -> npt.NDArray[np.float64]:
     """The least time the DRAM allows each row kernel: its minimum bytes less two L2s (the
-    inputs may sit in L2 at its start, the outputs stay there at its end) at peak bandwidth.
-    The MLP, unbounded, forecast fp32 layer norms of 1-8 GB at up to 1.15x the DRAM peak on
-    Hopper and MI300 (outside its training GPUs' bandwidths); a kernel L2 can serve keeps the
-    MLP's forecast (the L4's tables run a 25 MB softmax at 1.9x its DRAM peak)."""
+    inputs may sit in L2 at its start, the outputs stay there at its end) at ``fraction`` of
+    peak bandwidth. The MLP, unbounded, forecast fp32 layer norms of 1-8 GB at up to 1.15x
+    the DRAM peak on Hopper and MI300 (outside its training GPUs' bandwidths); a kernel L2
+    can serve keeps the MLP's forecast (the L4's tables run a 25 MB softmax at 1.9x its DRAM
+    peak)."""
     nbytes = np.array([float(k.bytes()) for k in kernels])
-    return np.maximum(nbytes - 2.0 * gpu.l2_bytes, 0.0) / gpu.hbm_bw_bytes_per_s
+    return np.maximum(nbytes - 2.0 * gpu.l2_bytes, 0.0) / (fraction * gpu.hbm_bw_bytes_per_s)
 
 
 def _at_least_floor(k: KernelSpec) -> KernelSpec:

@@ -159,6 +159,23 @@ def fit_memory_model(meas: Measurements, devices: Sequence[str]) -> BandwidthMod
     return BandwidthModel(efficiency=round(eff, 4), launch_s=float(f"{launch:.3g}"))
 
 
+STREAM_BYTES = 256e6  # kernels moving more stream from DRAM on every GPU (L2s: 2-50 MB)
+
+
+def fit_dram_fraction(meas: Measurements, devices: Sequence[str]) -> float:
+    """The best fraction of its peak DRAM bandwidth a training GPU streams at: per device, the
+    median over its fp32 element-wise kernels moving over `STREAM_BYTES`; the largest of those
+    (1.0 when none moves that much). The row families' floor (`tile_mlp.dram_floor_s`)."""
+    f = meas.family(OpFamily.ELEMENTWISE)
+    f = f[f["Device"].isin(devices)]
+    nbytes = np.array([k.bytes() for k in meas.kernels(f)], dtype=np.float64)
+    bw = np.array([load_gpu(d).hbm_bw_bytes_per_s for d in f["Device"]])
+    big = nbytes > STREAM_BYTES
+    frac = pd.Series(nbytes[big] / (f["latency_s"].to_numpy()[big] * bw[big]))
+    per_device = frac.groupby(f["Device"].to_numpy()[big]).median()
+    return round(float(per_device.max()), 4) if len(per_device) else 1.0
+
+
 def load_family_data(data_dir: Path, families: Sequence[OpFamily]) -> dict[OpFamily, Measurements]:
     """Measurements of each family (training and test files) from a NeuSight data folder."""
     return {f: load_measurements(neusight_files(data_dir, f)) for f in families}
@@ -184,9 +201,10 @@ def train_model(
     mlps = {}
     for family in tqdm(fams, desc="training", unit="family", disable=not progress):
         mlps[family] = fit_family(meas[family], family, picker, devices)
-    memory = BandwidthModel()
+    memory, fraction = BandwidthModel(), 1.0
     if OpFamily.ELEMENTWISE in meas:
         memory = fit_memory_model(meas[OpFamily.ELEMENTWISE], devices)
+        fraction = fit_dram_fraction(meas[OpFamily.ELEMENTWISE], devices)
     files = [p for f in fams for p in neusight_files(data_dir, f)]
     meta = {
         "train_devices": list(devices),
@@ -194,4 +212,4 @@ def train_model(
         "seed": SEED,
         "members": MEMBERS,
     }
-    return TileMLPModel(mlps=mlps, picker=picker, memory=memory, meta=meta)
+    return TileMLPModel(mlps=mlps, picker=picker, memory=memory, meta=meta, dram_fraction=fraction)
