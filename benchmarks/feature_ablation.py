@@ -33,6 +33,7 @@ from forecast.train import (
     EPOCHS,
     MEMBERS,
     SEED,
+    TEST_SHARE,
     build_picker,
     device_batches,
     fit_dram_fraction,
@@ -66,7 +67,7 @@ def held_out_errors(
         for fb, r in device_batches(meas[family], family, picker, devices).values():
             xs.append(fb.x[:, keep])
             ys.append(np.log(r["latency_s"].to_numpy() / fb.base_s))
-            ws.append(row_weights(r))
+            ws.append(row_weights(r, TEST_SHARE.get(family, 0.5)))
         x, y, w = np.concatenate(xs), np.concatenate(ys), np.concatenate(ws)
         ens = TileEnsemble(x.shape[1], members=members)
         epochs = EPOCHS.get(family, DEFAULT_EPOCHS)

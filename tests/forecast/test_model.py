@@ -170,3 +170,21 @@ def test_feature_columns_follow_the_family_names() -> None:
         assert big.compute_s[0] / f.compute_s[0] == pytest.approx(20 / 19)
     rows = feature_names(OpFamily.SOFTMAX)
     assert "log2_blocks_per_sm" in rows and rows[-1] == "gpu_is_hbm"
+
+
+def test_linear_transformer_shapes_weigh_their_share_of_a_gpu() -> None:
+    """A GPU's transformer shapes (``test/``) weigh `TEST_SHARE` of its training weight for
+    linear, half for the other families; a GPU with one set weighs its rows alike."""
+    import pandas as pd
+
+    from forecast.train import TEST_SHARE, row_weights
+
+    rows = pd.DataFrame({"source": ["a/test/linear.csv.gz"] * 3 + ["a/train/linear.csv"] * 7})
+    is_test = rows["source"].str.contains("/test/").to_numpy()
+    share = TEST_SHARE[OpFamily.LINEAR]
+    assert share > 0.5 and OpFamily.BMM not in TEST_SHARE
+    w = row_weights(rows, share)
+    assert w[is_test].sum() == pytest.approx(share) and w.sum() == pytest.approx(1.0)
+    assert np.ptp(w[is_test]) == 0 and np.ptp(w[~is_test]) == 0
+    assert row_weights(rows)[is_test].sum() == pytest.approx(0.5)
+    assert np.all(row_weights(rows[is_test], share) == pytest.approx(1 / 3))
