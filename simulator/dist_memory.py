@@ -223,8 +223,7 @@ def cp_gather_bytes(inputs: SimInputs, layout: Layout) -> float:
     TP rank, ``2 b S kv_heads dhead / tp`` elements, bf16 under fp8 as `comm` moves them);
     0.0 for the other types and at cp 1. One layer's core runs at a time: counted once."""
     run, m = layout.run, inputs.model
-    causal = m.architecture != "bert"  # as `inventory_megatron` runs its attention
-    units = gathered_kv_units(run.cp_comm_type, run.cp, causal=causal)
+    units = gathered_kv_units(run.cp_comm_type, run.cp, causal=m.causal)
     if units == 0.0:
         return 0.0
     kv = 2 * run.micro_batch_size * inputs.seq_len * m.kv_heads * m.dhead / run.tp

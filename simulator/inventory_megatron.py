@@ -223,8 +223,7 @@ def _layer(m: ModelSpec, run: Workload, z: Sizes) -> list[FrameworkOp]:
     moe = m.num_experts > 1
     ffn = _moe_ffn(m, z, train=train) if moe else _ffn(m, z, z.T, train=train)
     kv_shape = (z.T, 2 * z.kv * z.d)  # in the dtype attention reads it in (bf16 for fp8)
-    causal = m.architecture != "bert"  # BERT's encoder attends both ways
-    flash = [flash_attention(a, causal=causal)]
+    flash = [flash_attention(a, causal=m.causal)]
     attention = flash if run.attention == "flash" else unfused_attention(a)
     qkv_op = te_linear("qkv", z.T, (z.H, qkv), z.dt, bias=m.bias, fused_norm=True, train=train)
     proj = te_linear("proj", z.T, (z.nh * z.d, z.H), z.dt, bias=m.bias, train=train)

@@ -82,6 +82,13 @@ class ModelSpec(BaseModel):
         return self.num_kv_heads or self.num_heads
 
     @property
+    def causal(self) -> bool:
+        """Whether self-attention is causal: every decoder stack (GPT-2, OPT, Llama, Mixtral);
+        BERT's encoder attends both ways. One place, so that the kernels run, their memory
+        and the causal MFU agree."""
+        return self.architecture != "bert"
+
+    @property
     def embed_width(self) -> int:
         """Width of the token table and the output head."""
         return self.embed_dim or self.hidden_size

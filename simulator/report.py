@@ -142,8 +142,8 @@ def _table(header: list[str], lines: list[list[str]]) -> str:
 
 def top_table(rows: Sequence[Row], *, k: int = TOP_K, by: str = "tokens") -> str:
     """The K best layouts as a Markdown table (also what the terminal prints)."""
-    header = ["#", "context", "layout", "tokens/s", "MFU", "step s", "bubble", "GiB/GPU"]
-    header += ["days", "cost $"]
+    header = ["#", "context", "layout", "tokens/s", "MFU", "causal MFU", "step s", "bubble"]
+    header += ["GiB/GPU", "days", "cost $"]
     lines = []
     for i, r in enumerate(rank(rows, by)[:k], 1):
         days = None if r["time_to_train_s"] is None else r["time_to_train_s"] / 86400
@@ -154,6 +154,7 @@ def top_table(rows: Sequence[Row], *, k: int = TOP_K, by: str = "tokens") -> str
                 layout_label(r),
                 _fmt(r["tokens_per_s"], ",.0f"),
                 _fmt(r["mfu"], ".1%"),
+                _fmt(r.get("mfu_causal"), ".1%"),  # null in rows an older tilesim wrote
                 amount_text(r["iteration_s"]),
                 _fmt(r["bubble_fraction"], ".1%"),
                 _fmt(r["memory_gib_per_gpu"], ".1f"),
@@ -167,12 +168,13 @@ def top_table(rows: Sequence[Row], *, k: int = TOP_K, by: str = "tokens") -> str
 def procurement_table(rows: Sequence[Row], *, by: str = "tokens") -> str:
     """For each option and size: best layout, throughput, time to train, cost, energy; an
     option and size without one says why (`unranked_contexts`)."""
-    header = ["option", "GPUs", "best layout", "tokens/s", "MFU", "days", "cost $", "MWh"]
+    header = ["option", "GPUs", "best layout", "tokens/s", "MFU", "causal MFU", "days", "cost $"]
+    header += ["MWh"]
     lines = []
     where = {r["context"]: r for r in rows}
     for ctx, r, (_, why) in procurement_entries(rows, by):
         if r is None:
-            lines.append([where[ctx]["option"], str(where[ctx]["num_gpus"]), why, *["-"] * 5])
+            lines.append([where[ctx]["option"], str(where[ctx]["num_gpus"]), why, *["-"] * 6])
             continue
         days = None if r["time_to_train_s"] is None else r["time_to_train_s"] / 86400
         lines.append(
@@ -182,6 +184,7 @@ def procurement_table(rows: Sequence[Row], *, by: str = "tokens") -> str:
                 layout_label(r),
                 _fmt(r["tokens_per_s"], ",.0f"),
                 _fmt(r["mfu"], ".1%"),
+                _fmt(r.get("mfu_causal"), ".1%"),
                 amount_text(days),
                 amount_text(r["cost_usd"]),
                 amount_text(r["energy_mwh"]),

@@ -85,6 +85,12 @@ COLUMNS = """\
   token being 2 x the layer weights (QKV, projection, FFN) + 4 x sequence length x attention
   width per layer (causal mask not discounted) + 2 x hidden size x vocabulary for the head
   (Narayanan et al. 2021, eq. 3); recomputation is not counted (it is in the rows' `hfu`).
+  This is the published runs' convention, but a causal decoder attends only S (S + 1) / 2 of
+  the S x S (query, key) pairs, so at long sequences it overstates the GPU's work and can pass
+  100%.
+* `causal MFU`: MFU with the attention scores and values counted over those unmasked pairs
+  only, 2 x (sequence length + 1) x attention width per token and layer (rows' `mfu_causal`);
+  equal to MFU for a model that attends both ways (BERT); `-` in rows an older tilesim wrote.
 * `step s`: the simulated time of one training step (forward, backward and optimizer), seconds.
 * `bubble`: the mean over GPUs of the share of the forward-backward span a GPU's compute stream
   is idle: pipeline fill and drain, and waits on communication not hidden under compute (the

@@ -5,6 +5,14 @@ FLOP convention (Narayanan et al. 2021, eq. 3): per token and layer the forward 
 mask not discounted), the head ``2 * h * V``; a step is 3 forward passes. Model FLOPs give
 MFU; hardware FLOPs add the recomputed forward (full: every layer; selective: the attention
 scores), as Narayanan's published TFLOP/s count them.
+
+That convention counts the scores and values over the whole ``S x S`` matrix, although a causal
+decoder attends ``S (S + 1) / 2`` (query, key) pairs (`forecast.kernels.causal_pairs`, the
+pairs its kernels run: context parallelism splits them over ranks, ``S (S + 1) / 2`` in all),
+so at long sequences MFU passes 100%. ``mfu_causal`` counts those pairs only: the same model
+FLOPs with ``4 * s * h_attention`` per token and layer replaced by ``2 * (s + 1) *
+h_attention``; a bidirectional model's (BERT's encoder) equals ``mfu``. Model FLOPs whatever
+the kernels: the fp32 stand-ins and unfused attention compute the whole matrix, then mask it.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import itertools
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from forecast.kernels import causal_pairs
 from simulator.dist_memory import MemoryBreakdown
 from simulator.execgraph import Node
 from simulator.models import ModelSpec
@@ -32,6 +41,7 @@ class StepResult:
     model_tflops_per_gpu: float
     hardware_tflops_per_gpu: float
     mfu: float
+    mfu_causal: float
     hfu: float
     tokens_per_s: float
     bubble_fraction: float
@@ -76,12 +86,24 @@ class StepInfo:
     memory: MemoryBreakdown
 
 
-def _flops(info: StepInfo) -> tuple[float, float]:
-    w, a, head = forward_flops_per_token(info.model, info.seq_len)
-    tokens = info.global_batch_size * info.seq_len
+def _flops(info: StepInfo) -> tuple[float, float, float]:
+    """(model, hardware, causal model) FLOPs of a step (module docstring)."""
+    m, s = info.model, info.seq_len
+    w, a, head = forward_flops_per_token(m, s)
+    tokens = info.global_batch_size * s
     model = 3.0 * (w + a + head) * tokens
     recompute = {"none": 0.0, "selective": a, "full": w + a}[info.layout.run.recompute]
-    return model, model + recompute * tokens
+    attention = causal_attention_flops(m, s) * info.global_batch_size
+    causal = 3.0 * ((w + head) * tokens + attention) if m.causal else model
+    return model, model + recompute * tokens, causal
+
+
+def causal_attention_flops(model: ModelSpec, seq_len: int) -> float:
+    """Forward FLOPs of one sequence's attention scores and values (QK^T, PV) over the (query,
+    key) pairs a causal mask leaves, whole model: ``4 * h_attention`` per pair and layer, as
+    `forward_flops_per_token` counts each of the ``s`` pairs of a token."""
+    qd = model.num_heads * model.dhead
+    return model.num_layers * 4.0 * qd * causal_pairs(seq_len, seq_len)
 
 
 def _exposed(t: Timeline, path: list[Node]) -> dict[str, float]:
@@ -123,7 +145,7 @@ def summarize(t: Timeline, info: StepInfo) -> StepResult:
     iteration = t.makespan_s
     path = critical_path(t)
     fb, opt, bubble = _phases(t, path)
-    model_flops, hw_flops = _flops(info)
+    model_flops, hw_flops, causal_flops = _flops(info)
     per_gpu = iteration * info.num_gpus
     return StepResult(
         iteration_s=iteration,
@@ -132,6 +154,7 @@ def summarize(t: Timeline, info: StepInfo) -> StepResult:
         model_tflops_per_gpu=model_flops / per_gpu / 1e12,
         hardware_tflops_per_gpu=hw_flops / per_gpu / 1e12,
         mfu=model_flops / per_gpu / info.peak_flops_per_s,
+        mfu_causal=causal_flops / per_gpu / info.peak_flops_per_s,
         hfu=hw_flops / per_gpu / info.peak_flops_per_s,
         tokens_per_s=info.global_batch_size * info.seq_len / iteration,
         bubble_fraction=bubble,

@@ -66,6 +66,7 @@ RESULT_COLUMNS = (
     "exposed_pp_s",
     "exposed_dp_s",
     "mfu",
+    "mfu_causal",
     "hfu",
     "model_tflops_per_gpu",
     "num_micro_batches",
@@ -79,6 +80,9 @@ RESULT_COLUMNS = (
     "error",
 )
 COLUMNS = LAYOUT_COLUMNS + RESULT_COLUMNS
+# Columns added after rows were first written: a rows.jsonl an older tilesim wrote lacks them,
+# and `saved_rows.load_rows` reads them as null there (`tilesim plot` of an older sweep).
+LATER_COLUMNS = ("mfu_causal",)
 # Whole-number columns; the last two are null in screen rows, and a table column of numbers and
 # nulls became floats ("8.0" in rows.csv) in one sweep and stayed whole ("8") in another.
 INT_COLUMNS = (

@@ -1,7 +1,8 @@
 """A finished sweep's rows read back for `tilesim plot` and reports: `load_rows` checks that
 every line is a row `tilesim sweep` could have written (the columns of `rows.COLUMNS`, each
 of its kind, no NaN), so a hand-edited or foreign file is one clear error, not a traceback
-from inside a figure.
+from inside a figure. A row an older tilesim wrote, without a column added since
+(`rows.LATER_COLUMNS`), reads as null there.
 """
 
 from __future__ import annotations
@@ -11,7 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from simulator.errors import ConfigError
-from simulator.rows import COLUMNS, INT_COLUMNS, LAYOUT_COLUMNS, STATUSES, TIERS, Row
+from simulator.rows import (
+    COLUMNS,
+    INT_COLUMNS,
+    LATER_COLUMNS,
+    LAYOUT_COLUMNS,
+    STATUSES,
+    TIERS,
+    Row,
+)
 
 _TEXT = {"key", "option", "context", "gpu", "server", "network", "schedule", "recompute"}
 _TEXT |= {"cp_comm_type"}
@@ -57,6 +66,12 @@ def _row_problem(row: Any) -> str | None:
     return None
 
 
+def _upgraded(row: Any) -> Any:
+    """A row an older tilesim wrote, before a column was added (`LATER_COLUMNS`), with that
+    column null (`tilesim plot` of an older sweep); anything else as it is."""
+    return {**dict.fromkeys(LATER_COLUMNS), **row} if isinstance(row, dict) else row
+
+
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
@@ -82,7 +97,7 @@ def load_rows(out_dir: Path) -> list[Row]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line, parse_constant=_refuse_constant)
+            row = _upgraded(json.loads(line, parse_constant=_refuse_constant))
         except ValueError as e:
             raise ConfigError(f"{path}:{n}: not a JSON row ({e}); {fix}") from None
         problem = _row_problem(row)
