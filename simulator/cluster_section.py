@@ -51,8 +51,8 @@ class ClusterSection(BaseModel):
     gpus_per_node: int | None = Field(
         default=None,
         gt=0,
-        description="default: the server's; its NICs follow, at the server's GPUs per NIC "
-        "(DGX-1, 2 a NIC: 4 GPUs keep 2 NICs), unless nics_per_node is set",
+        description="default and upper bound: the server's; its NICs follow, at the server's "
+        "GPUs per NIC (DGX-1, 2 a NIC: 4 GPUs keep 2 NICs), unless nics_per_node is set",
     )
     nics_per_node: int | None = Field(default=None, ge=0, description="default: the server's")
     nodes_per_leaf: int = Field(
@@ -81,6 +81,12 @@ def resolve_cluster(c: ClusterSection, base_dir: str = ".") -> Cluster:
         server = load_server(beside_scenario(base_dir, c.server))
     except TopologyError as e:
         raise ConfigError(f"cluster.server: {e}") from e
+    if c.gpus_per_node is not None and c.gpus_per_node > server.gpus_per_node:
+        raise ConfigError(
+            f"cluster.gpus_per_node = {c.gpus_per_node}: {server.id} holds "
+            f"{server.gpus_per_node} GPUs; use at most {server.gpus_per_node}, or describe a "
+            "larger server in a .toml file and give its path as cluster.server"
+        )
     update: dict[str, Any] = {}
     if c.gpus_per_node is not None and c.gpus_per_node != server.gpus_per_node:
         update["gpus_per_node"] = c.gpus_per_node

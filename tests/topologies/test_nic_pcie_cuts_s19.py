@@ -18,6 +18,7 @@ import pytest
 
 from simulator.cli import main
 from simulator.cluster_section import ClusterSection, resolve_cluster
+from simulator.errors import ConfigError
 from simulator.space import find_scenario
 from tests.support import error_line
 from topologies import Cluster, TopologyError, list_servers, load_cluster, load_server, nics_kept
@@ -43,7 +44,6 @@ def _cut(server: str, gpus_per_node: int, **keys: Any) -> Cluster:
         ("pcie-l40s-8gpu", 2, 1),
         ("dgx1-v100", 2, 1),
         ("dgx-a100", 4, 4),  # one NIC a GPU: as before
-        ("dgx-h100", 16, 16),  # grown: still one a GPU (was 8 for 16 GPUs)
         ("gb200-nvl72", 8, 8),
     ],
 )
@@ -88,6 +88,27 @@ def test_a_cut_that_would_share_a_nic_unevenly_is_refused(
     ]
     assert main(["simulate", str(TINY), *(x for s in sets for x in ("--set", s))]) == 2
     error_line(capsys, "cluster.gpus_per_node = 3", "multiple of 2", "nics_per_node")
+
+
+@pytest.mark.parametrize("server", ["dgx1-v100", "dgx-h100"])
+def test_a_node_larger_than_its_server_is_refused(
+    server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a DGX-1 "node" of 16 kept the mesh links of GPUs 0-7 and left 8-15 without any, and a
+    # DGX H100 of 16 became an NVSwitch box nobody sells; both simulated with exit 0
+    srv = load_server(server)
+    big = 2 * srv.gpus_per_node
+    with pytest.raises(ConfigError, match=f"holds {srv.gpus_per_node} GPUs"):
+        _cut(server, big)
+    sets = [
+        f'cluster.server="{server}"',
+        f'cluster.gpu="{srv.gpu}"',
+        'training.dtype="fp16"',
+        f"cluster.gpus_per_node={big}",
+        f"cluster.num_gpus={big}",
+    ]
+    assert main(["simulate", str(TINY), *(x for s in sets for x in ("--set", s))]) == 2
+    error_line(capsys, f"cluster.gpus_per_node = {big}", f"at most {srv.gpus_per_node}")
 
 
 # --- the GPU's PCIe link caps its NIC on NVSwitch and mesh servers --------------------------
