@@ -48,7 +48,10 @@ sequence-parallel all-gathers, which TE quantizes first: ``A / 2``, `te_gather_b
 * PP: one send-recv of ``A / tp`` per stage boundary and micro-batch, each direction (Megatron's
   scatter/gather optimisation: each TP rank sends one slice, then the receiving TP group
   all-gathers ``A`` over its node fabric before the next stage can start; with sequence
-  parallelism the activation is already split over TP and nothing is gathered).
+  parallelism the activation is already split over TP and nothing is gathered). A hop that
+  leaves a leaf of an oversubscribed fat tree shares the uplinks with the rest of its stage's
+  boundary: it is slowed by the share of the leaf's pipeline sends that leave it times the
+  ratio (`Cluster.shift_spine`), not by the full ratio its two ranks alone would give.
 * DP (gradient reductions, parameter gathers, ZeRO-3): `dp_comm`.
 """
 
@@ -67,13 +70,21 @@ from simulator.scenario import SimInputs
 from simulator.stagecost import shard_model
 from topologies import Cluster, collective_estimate
 from topologies.algorithms import Op
+from topologies.spine import SpineSlowdown
 
 
-def collective_s(op: Op, nbytes: float, ranks: Sequence[int], cluster: Cluster) -> float:
-    """Seconds for one collective; 0 for a group of one rank or no data."""
+def collective_s(
+    op: Op,
+    nbytes: float,
+    ranks: Sequence[int],
+    cluster: Cluster,
+    spine: SpineSlowdown | None = None,
+) -> float:
+    """Seconds for one collective; 0 for a group of one rank or no data (``spine``: see
+    `topologies.collective_estimate`)."""
     if len(ranks) < 2 or nbytes <= 0:
         return 0.0
-    return collective_estimate(op, nbytes, ranks, cluster).time_s
+    return collective_estimate(op, nbytes, ranks, cluster, spine=spine).time_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +210,11 @@ def _pp_hop_s(inputs: SimInputs, layout: Layout, a: float, ag: float) -> float:
     """One stage boundary's send-recv of ``a / tp`` bytes (its slowest hop), plus the receiving
     TP group's all-gather ``ag`` of ``A`` without sequence parallelism."""
     run, cl = layout.run, inputs.cluster
-    hop = max((collective_s("send-recv", a / run.tp, h, cl) for h in layout.pp_hops), default=0.0)
+    stride = run.tp * run.cp * layout.dp  # a stage's ranks: every one sends across at once
+    spine = cl.shift_spine(run.pp * stride, stride, wrap=run.virtual_stages > 1)
+    hop = max(
+        (collective_s("send-recv", a / run.tp, h, cl, spine) for h in layout.pp_hops), default=0.0
+    )
     return hop + (0.0 if run.sequence_parallel or run.pp == 1 else ag)
 
 

@@ -72,8 +72,12 @@ def embedding_grad_sync_s(inputs: SimInputs, layout: Layout) -> float:
     nbytes = embedding_grad_bytes(inputs, layout)
     if nbytes <= 0:
         return 0.0
-    pair = embedding_pair(layout, inputs.cluster.server.gpus_per_node)
-    return collective_s("all-reduce", nbytes, pair, inputs.cluster)
+    cl, run = inputs.cluster, layout.run
+    pair = embedding_pair(layout, cl.server.gpus_per_node)
+    # every first-stage rank reduces with its last-stage twin at once (`Cluster.shift_spine`)
+    stride = run.tp * run.cp * layout.dp
+    spine = cl.shift_spine(run.pp * stride, pair[1] - pair[0], wrap=False)
+    return collective_s("all-reduce", nbytes, pair, cl, spine)
 
 
 def norm_grad_params(model: ModelSpec, layout: Layout) -> tuple[float, ...]:

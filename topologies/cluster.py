@@ -17,7 +17,7 @@ import networkx as nx
 from topologies.mesh import all_to_all_share, group_share
 from topologies.nics import gpu_inter_bw, link_scale, nic_of, nic_scale, pcie_line_bw
 from topologies.spec import ClusterSpec, LinkTier, NVLSSpec, TierKind, TopologyError
-from topologies.spine import SpineSlowdown, spine_slowdown
+from topologies.spine import SpineSlowdown, shift_share, shift_slowdown, spine_slowdown
 
 MEGATRON_ORDER: tuple[str, ...] = ("tp", "dp", "pp")
 
@@ -78,6 +78,7 @@ class Cluster:
         # group_links is a pure function of the ranks; a sweep asks for the same groups over
         # and over (every layout's DP and TP groups), and each answer walks every rank.
         self._links: dict[tuple[int, ...], GroupLinks] = {}
+        self._shifts: dict[tuple[int, int, bool], SpineSlowdown] = {}
 
     @property
     def world_size(self) -> int:
@@ -123,6 +124,25 @@ class Cluster:
                 found.append(tuple(base + k * strides[dim] for k in range(sizes[dim])))
             groups[dim] = sorted(found)
         return groups
+
+    def shift_spine(self, world: int, stride: int, *, wrap: bool) -> SpineSlowdown:
+        """Spine slowdowns of a pipeline hop crossing leaves, when ranks ``0 .. world - 1``
+        each send to the rank ``stride`` ahead and back at once (`topologies.spine.shift_share`):
+        a stage's whole boundary, not the one pair that `group_links` would see."""
+        key = (world, stride, wrap)
+        if key not in self._shifts:
+            over = self.spec.oversubscription
+            share = 0.0
+            if over > 1:
+                share = shift_share(
+                    world,
+                    stride,
+                    wrap=wrap,
+                    gpus_per_node=self.server.gpus_per_node,
+                    nodes_per_leaf=self.spec.nodes_per_leaf,
+                )
+            self._shifts[key] = shift_slowdown(share, over)
+        return self._shifts[key]
 
     def tier_of(self, ranks: Sequence[int]) -> LinkTier:
         """The slowest link tier a rank group spans: the node fabric or the network."""

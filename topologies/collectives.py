@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from topologies.algorithms import ALGORITHMS, OPS, Op, Phase, ring_bytes_per_rank
 from topologies.cluster import Cluster, GroupLinks
 from topologies.spec import TopologyError
+from topologies.spine import SpineSlowdown
 
 __all__ = [
     "ALGORITHMS",
@@ -148,7 +149,13 @@ def _check(op: str, nbytes: float, algorithm: str) -> None:
 
 
 def collective_estimate(
-    op: Op, nbytes: float, ranks: Sequence[int], cluster: Cluster, *, algorithm: str = "auto"
+    op: Op,
+    nbytes: float,
+    ranks: Sequence[int],
+    cluster: Cluster,
+    *,
+    algorithm: str = "auto",
+    spine: SpineSlowdown | None = None,
 ) -> CollectiveEstimate:
     """Predict one collective over ``ranks`` of ``cluster``.
 
@@ -158,12 +165,17 @@ def collective_estimate(
         ranks: the group's global ranks.
         cluster: where the ranks live.
         algorithm: ``auto`` (fastest, like NCCL's tuner) or a key of `ALGORITHMS`.
+        spine: where the group's traffic leaves a leaf, these slowdowns in place of those
+            its own placement gives (`Cluster.shift_spine`: a pipeline hop is one of a
+            stage's many pairs).
 
     Returns:
         The time, algorithm and protocol; bandwidths as properties.
     """
     _check(op, nbytes, algorithm)
     g = cluster.group_links(ranks)
+    if spine is not None and g.spine != SpineSlowdown():
+        g = replace(g, spine=spine)
     if g.size == 1:
         return CollectiveEstimate(op, nbytes, 1, 0.0, "none", "none")
     names = list(ALGORITHMS) if algorithm == "auto" else [algorithm]

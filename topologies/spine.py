@@ -15,12 +15,18 @@ traffic up, so the network term is slowed by ``max(1, share x oversubscription)`
 * all-to-all: every node sends to every other rank alike, so a node's share is the group's
   ranks outside its leaf over those outside its node (1 when no two nodes share a leaf: then
   the full ratio).
+* shift (`shift_share`, a pipeline's stage boundaries): a two-rank group is one of the many
+  pairs that send at once, every rank to the one ``stride`` ahead and back; with that group
+  alone as the pattern a pair crossing leaves would pay the full ratio, though in a leaf of
+  several stages most pairs stay under it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -105,3 +111,32 @@ def all_to_all_share(ranks_per_node: Mapping[int, int], nodes_per_leaf: int) -> 
         if total > k
     ]
     return max(shares, default=0.0)
+
+
+def shift_share(
+    world: int, stride: int, *, wrap: bool, gpus_per_node: int, nodes_per_leaf: int
+) -> float:
+    """Largest share of a leaf's uplink demand over what its nodes' NICs could send, when
+    every rank ``r`` of ranks ``0 .. world - 1`` (node-major) that has a rank ``stride`` ahead
+    sends to it and back, all at once: a pipeline's stage boundaries (``stride`` ranks a stage;
+    ``wrap``, interleaved schedules, adds the last stage's sends to the first), or the tied
+    embedding's all-reduce (``stride`` = all stages but one). A rank's network sends share its
+    NIC; sends inside a node use none. The leaf's uplinks are sized for all its
+    ``nodes_per_leaf`` nodes, busy or not."""
+    r = np.arange(world if wrap else world - stride, dtype=np.int64)
+    ahead = (r + stride) % world
+    src, dst = np.concatenate([r, ahead]), np.concatenate([ahead, r])
+    net = src // gpus_per_node != dst // gpus_per_node
+    per_leaf = gpus_per_node * nodes_per_leaf
+    leaves = src // per_leaf != dst // per_leaf
+    sends = np.bincount(src[net], minlength=world)
+    out = np.bincount(src[leaves], minlength=world)
+    frac = np.divide(out, sends, out=np.zeros(world), where=sends > 0)
+    demand = np.bincount(np.arange(world) // per_leaf, weights=frac)
+    return float(demand.max(initial=0.0)) / per_leaf
+
+
+def shift_slowdown(share: float, oversubscription: float) -> SpineSlowdown:
+    """A shift pattern's slowdowns (every pattern alike: its pairs send point to point)."""
+    f = max(1.0, share * oversubscription)
+    return SpineSlowdown(ring=f, tree=f, all_to_all=f)
