@@ -162,8 +162,8 @@ def layer_comm(inputs: SimInputs, layout: Layout) -> LayerComm:
         tp_embed_bw_s=tp.ag if sp else 0.0,
         tp_head_fw_s=tp.ag if sp else 0.0,
         tp_head_bw_s=tp.rs if sp else tp.ar,
-        cp_kv_s=_ring_step_s(ring / run.cp, layout.cp_group, cl),
-        cp_kv_grad_s=_ring_step_s(2 * ring / run.cp, layout.cp_group, cl),
+        cp_kv_s=_ring_step_s(ring / run.cp, layout, cl),
+        cp_kv_grad_s=_ring_step_s(2 * ring / run.cp, layout, cl),
         ep_fw_s=ep,
         ep_bw_s=ep,
         pp_hop_s=_pp_hop_s(inputs, layout, a, tp.ag),
@@ -232,13 +232,17 @@ def _cp_blocking_s(inputs: SimInputs, layout: Layout, kv_bytes: float) -> tuple[
     )
 
 
-def _ring_step_s(nbytes: float, ring: Sequence[int], cl: Cluster) -> float:
+def _ring_step_s(nbytes: float, layout: Layout, cl: Cluster) -> float:
     """One CP ring step: every rank sends ``nbytes`` to the next at once, so the slowest hop
-    sets it; 0.0 for a ring of one rank."""
+    of the priced CP group sets it; 0.0 for a ring of one rank. Every CP ring steps together,
+    so one crossing a leaf shares the uplinks with all of them (`Cluster.ring_step_spine`)."""
+    ring, run = layout.cp_group, layout.run
     if len(ring) < 2:
         return 0.0
+    world = run.tp * run.cp * layout.dp * run.pp
+    spine = cl.ring_step_spine(world, run.tp, run.cp)
     hops = ((a, ring[(i + 1) % len(ring)]) for i, a in enumerate(ring))
-    return max((collective_s("send-recv", nbytes, h, cl) for h in hops), default=0.0)
+    return max((collective_s("send-recv", nbytes, h, cl, spine) for h in hops), default=0.0)
 
 
 def _tp_moe_s(inputs: SimInputs, layout: Layout, a: float) -> float:

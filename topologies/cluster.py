@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -17,7 +17,13 @@ import networkx as nx
 from topologies.mesh import all_to_all_share, group_share
 from topologies.nics import gpu_inter_bw, link_scale, nic_of, nic_scale, pcie_line_bw
 from topologies.spec import ClusterSpec, LinkTier, NVLSSpec, TierKind, TopologyError
-from topologies.spine import SpineSlowdown, shift_share, shift_slowdown, spine_slowdown
+from topologies.spine import (
+    SpineSlowdown,
+    ring_step_share,
+    shift_share,
+    shift_slowdown,
+    spine_slowdown,
+)
 
 MEGATRON_ORDER: tuple[str, ...] = ("tp", "dp", "pp")
 
@@ -78,7 +84,7 @@ class Cluster:
         # group_links is a pure function of the ranks; a sweep asks for the same groups over
         # and over (every layout's DP and TP groups), and each answer walks every rank.
         self._links: dict[tuple[int, ...], GroupLinks] = {}
-        self._shifts: dict[tuple[int, int, bool], SpineSlowdown] = {}
+        self._shifts: dict[tuple[str, int, int, int], SpineSlowdown] = {}
 
     @property
     def world_size(self) -> int:
@@ -129,19 +135,33 @@ class Cluster:
         """Spine slowdowns of a pipeline hop crossing leaves, when ranks ``0 .. world - 1``
         each send to the rank ``stride`` ahead and back at once (`topologies.spine.shift_share`):
         a stage's whole boundary, not the one pair that `group_links` would see."""
-        key = (world, stride, wrap)
+        per_node, per_leaf = self.server.gpus_per_node, self.spec.nodes_per_leaf
+        return self._pattern_spine(
+            ("shift", world, stride, wrap),
+            lambda: shift_share(
+                world, stride, wrap=wrap, gpus_per_node=per_node, nodes_per_leaf=per_leaf
+            ),
+        )
+
+    def ring_step_spine(self, world: int, step: int, size: int) -> SpineSlowdown:
+        """Spine slowdowns of one step of every ring of ``size`` ranks ``step`` apart among
+        ranks ``0 .. world - 1`` at once (`topologies.spine.ring_step_share`: context-parallel
+        rings), not the one pair that `group_links` would see."""
+        per_node, per_leaf = self.server.gpus_per_node, self.spec.nodes_per_leaf
+        return self._pattern_spine(
+            ("ring", world, step, size),
+            lambda: ring_step_share(
+                world, step, size, gpus_per_node=per_node, nodes_per_leaf=per_leaf
+            ),
+        )
+
+    def _pattern_spine(
+        self, key: tuple[str, int, int, int], share: Callable[[], float]
+    ) -> SpineSlowdown:
+        """`shift_slowdown` of ``share()``, once per pattern; nothing to slow at 1:1."""
         if key not in self._shifts:
             over = self.spec.oversubscription
-            share = 0.0
-            if over > 1:
-                share = shift_share(
-                    world,
-                    stride,
-                    wrap=wrap,
-                    gpus_per_node=self.server.gpus_per_node,
-                    nodes_per_leaf=self.spec.nodes_per_leaf,
-                )
-            self._shifts[key] = shift_slowdown(share, over)
+            self._shifts[key] = shift_slowdown(share() if over > 1 else 0.0, over)
         return self._shifts[key]
 
     def tier_of(self, ranks: Sequence[int]) -> LinkTier:

@@ -15,10 +15,11 @@ traffic up, so the network term is slowed by ``max(1, share x oversubscription)`
 * all-to-all: every node sends to every other rank alike, so a node's share is the group's
   ranks outside its leaf over those outside its node (1 when no two nodes share a leaf: then
   the full ratio).
-* shift (`shift_share`, a pipeline's stage boundaries): a two-rank group is one of the many
-  pairs that send at once, every rank to the one ``stride`` ahead and back; with that group
-  alone as the pattern a pair crossing leaves would pay the full ratio, though in a leaf of
-  several stages most pairs stay under it.
+* point to point (`send_share`): a two-rank group is one of many pairs that send at once: a
+  pipeline's stage boundaries (`shift_share`), a step of every context-parallel ring
+  (`ring_step_share`). With that pair alone as the pattern one crossing leaves would pay the
+  full ratio, though in a leaf of several stages most pairs stay under it; the share is the
+  leaf's uplink demand over what all its nodes' NICs could send.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 
 @dataclass(frozen=True)
@@ -116,16 +118,40 @@ def all_to_all_share(ranks_per_node: Mapping[int, int], nodes_per_leaf: int) -> 
 def shift_share(
     world: int, stride: int, *, wrap: bool, gpus_per_node: int, nodes_per_leaf: int
 ) -> float:
-    """Largest share of a leaf's uplink demand over what its nodes' NICs could send, when
-    every rank ``r`` of ranks ``0 .. world - 1`` (node-major) that has a rank ``stride`` ahead
-    sends to it and back, all at once: a pipeline's stage boundaries (``stride`` ranks a stage;
-    ``wrap``, interleaved schedules, adds the last stage's sends to the first), or the tied
-    embedding's all-reduce (``stride`` = all stages but one). A rank's network sends share its
-    NIC; sends inside a node use none. The leaf's uplinks are sized for all its
-    ``nodes_per_leaf`` nodes, busy or not."""
+    """`send_share` of every rank ``r`` of ranks ``0 .. world - 1`` that has a rank ``stride``
+    ahead sending to it and back, all at once: a pipeline's stage boundaries (``stride`` ranks
+    a stage; ``wrap``, interleaved schedules, adds the last stage's sends to the first), or the
+    tied embedding's all-reduce (``stride`` = all stages but one)."""
     r = np.arange(world if wrap else world - stride, dtype=np.int64)
     ahead = (r + stride) % world
     src, dst = np.concatenate([r, ahead]), np.concatenate([ahead, r])
+    return send_share(src, dst, world, gpus_per_node=gpus_per_node, nodes_per_leaf=nodes_per_leaf)
+
+
+def ring_step_share(
+    world: int, step: int, size: int, *, gpus_per_node: int, nodes_per_leaf: int
+) -> float:
+    """`send_share` of one step of every ring of ``size`` ranks ``step`` apart (in blocks of
+    ``step x size`` ranks, as Megatron places context-parallel groups) at once: each rank
+    sends to the next rank of its ring."""
+    r = np.arange(world, dtype=np.int64)
+    pos = (r // step) % size
+    dst = r + np.where(pos < size - 1, step, -step * (size - 1))
+    return send_share(r, dst, world, gpus_per_node=gpus_per_node, nodes_per_leaf=nodes_per_leaf)
+
+
+def send_share(
+    src: npt.NDArray[np.int64],
+    dst: npt.NDArray[np.int64],
+    world: int,
+    *,
+    gpus_per_node: int,
+    nodes_per_leaf: int,
+) -> float:
+    """Largest share of a leaf's uplink capacity that point-to-point sends ``src[i] ->
+    dst[i]`` among ranks ``0 .. world - 1`` (node-major), all at once, demand. A rank's network
+    sends share its NIC; sends inside a node use none. A leaf's uplinks are sized for all its
+    ``nodes_per_leaf`` nodes, busy or not."""
     net = src // gpus_per_node != dst // gpus_per_node
     per_leaf = gpus_per_node * nodes_per_leaf
     leaves = src // per_leaf != dst // per_leaf

@@ -18,6 +18,7 @@ from topologies import Cluster, ClusterSpec, load_cluster, load_network, load_se
 from topologies.spine import (
     all_to_all_share,
     ring_share,
+    ring_step_share,
     shift_share,
     spine_slowdown,
     tree_share,
@@ -150,6 +151,16 @@ def test_sends_inside_a_node_use_no_uplink() -> None:
     assert shift_share(16, 16, wrap=False, gpus_per_node=8, nodes_per_leaf=1) == 0.0
     # the tied embedding's all-reduce: the first stage with the last, nobody else sends
     assert shift_share(1024, 960, wrap=False, gpus_per_node=8, nodes_per_leaf=32) == 0.25
+
+
+def test_context_parallel_rings_step_together() -> None:
+    # tp 8, cp 2 on 8-GPU nodes: rings of nodes (0, 1), (2, 3), (4, 5); under 3-node leaves
+    # only the ring of nodes 2 and 3 crosses, a node's worth of each leaf's three
+    args = {"gpus_per_node": 8, "nodes_per_leaf": 3}
+    assert ring_step_share(48, 8, 2, **args) == pytest.approx(1 / 3)
+    assert ring_step_share(48, 8, 2, gpus_per_node=8, nodes_per_leaf=2) == 0.0
+    # cp 4 at tp 2: a ring of 4 ranks inside one node sends nothing over the network
+    assert ring_step_share(64, 2, 4, **args) == 0.0
 
 
 def _exposed_pp_s(ratio: float, per_leaf: int) -> float:
