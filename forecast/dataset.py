@@ -255,6 +255,17 @@ def neusight_files(data_dir: Path, family: OpFamily) -> list[Path]:
     return sorted(p for pattern in (*train, *test) for p in root.glob(pattern))
 
 
+def vendor_files(data_dir: Path, family: OpFamily) -> list[Path]:
+    """Measurement files of one family under ``kernels/amd/``: NeuSight's AMD MI100 and MI210
+    rows, another vendor's, which no model is ever trained on, so its train/<op>/ files are
+    test data as much as its test sets (``train_merged/`` only repeats rows of ``train/``).
+    None for a data folder without ``kernels/amd`` (an older copy of the data)."""
+    root = data_dir / "kernels" / "amd"
+    train, test = _FAMILY_FILES[family]
+    patterns = [p for p in (*train, *test) if not p.startswith("train_merged/")]
+    return sorted(p for pattern in patterns for p in root.glob(pattern))
+
+
 def trained_families() -> tuple[OpFamily, ...]:
     """Families that have NeuSight measurements (the memory family is a bandwidth model)."""
     return tuple(_FAMILY_FILES)

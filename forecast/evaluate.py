@@ -1,4 +1,5 @@
-"""Scoring: per-family absolute percentage errors, unseen-GPU and leave-one-GPU-out checks.
+"""Scoring: per-family absolute percentage errors; unseen-GPU, unseen-vendor and
+leave-one-GPU-out checks.
 
 `score` is the one function behind `tilesim kernels eval`, the validation report, the
 README table and the accuracy tests.
@@ -20,6 +21,7 @@ from forecast.dataset import (
     load_measurements,
     neusight_files,
     trained_families,
+    vendor_files,
 )
 from forecast.gpus import GPUError, GPUSpec, load_gpu
 from forecast.kernels import OpFamily
@@ -109,6 +111,17 @@ def unseen_errors(model: LatencyModel, data_dir: Path) -> dict[str, dict[str, An
     return {d: _strip(score(model, device_rows(rows, d))) for d in unseen_devices(rows)}
 
 
+def unseen_vendor_errors(model: LatencyModel, data_dir: Path) -> dict[str, dict[str, Any]]:
+    """tile-mlp against roofline (`_against_roofline`) on every row of another vendor's GPUs
+    (`vendor_files`: AMD, train and test sets alike, none ever trained on), per device; empty
+    when the data folder has no such rows."""
+    files = [p for f in trained_families() for p in vendor_files(data_dir, f)]
+    if not files:
+        return {}
+    rows = load_measurements(files)
+    return {d: _against_roofline(model, device_rows(rows, d)) for d in unseen_devices(rows)}
+
+
 def _against_roofline(model: LatencyModel, rows: Measurements) -> dict[str, Any]:
     # unrounded: the README table rounds once (a MAPE of 21.9548 stored as 21.95 printed 21.9)
     return {
@@ -118,9 +131,10 @@ def _against_roofline(model: LatencyModel, rows: Measurements) -> dict[str, Any]
 
 
 def validate(data_dir: Path, *, logo: bool = True, progress: bool = True) -> dict[str, Any]:
-    """Unseen-GPU and leave-one-GPU-out errors of tile-mlp against roofline.
+    """Unseen-GPU, unseen-vendor and leave-one-GPU-out errors of tile-mlp against roofline.
 
     Unseen: train on the five training GPUs, score the test rows of every other GPU.
+    Unseen vendor: the same model on every AMD row (`unseen_vendor_errors`).
     Leave-one-GPU-out: for each training GPU, train on the other four, score its test rows.
     """
     from forecast.train import load_family_data, train_model
@@ -131,6 +145,7 @@ def validate(data_dir: Path, *, logo: bool = True, progress: bool = True) -> dic
     report: dict[str, Any] = {"unseen": {}, "logo": {}}
     for d in unseen_devices(rows):
         report["unseen"][d] = _against_roofline(model, device_rows(rows, d))
+    report["unseen_vendor"] = unseen_vendor_errors(model, data_dir)
     for d in TRAIN_DEVICES if logo else ():
         devices = [x for x in TRAIN_DEVICES if x != d]
         held = train_model(data_dir, devices=devices, meas=meas, progress=False)

@@ -22,8 +22,8 @@ TABLE_END = "<!-- kernel-validation:end -->"
 
 # printed above the table by `tilesim kernels table` (the README's heading says the same)
 TABLE_CAPTION = (
-    "Mean absolute percentage error (%) per op family on the NeuSight test sets: "
-    "**tile-mlp** / roofline"
+    "Mean absolute percentage error (%) per op family on the NeuSight test sets (AMD: all "
+    "its rows, train and test sets): **tile-mlp** / roofline"
 )
 
 
@@ -35,19 +35,27 @@ def _cell(entry: dict[str, Any], family: str) -> str:
     return f"**{mlp['mape_pct']:.1f}** / {roof['mape_pct']:.1f}"
 
 
+# the sections of a validation report, in table order, and each one's split label; a report
+# from before a section was added has none of its rows
+SPLITS = (
+    ("unseen", "unseen (trained on 5 GPUs)"),
+    ("unseen_vendor", "unseen vendor (trained on 5 NVIDIA GPUs)"),
+    ("logo", "leave-one-GPU-out"),
+)
+
+
 def validation_markdown(report: Any) -> str:
-    """Per-family MAPE (tile-mlp / roofline) for unseen GPUs and leave-one-GPU-out; a
-    `ReportError` for JSON that is not a `tilesim kernels validate` report (an empty table
-    would have replaced the README's)."""
+    """Per-family MAPE (tile-mlp / roofline) for unseen GPUs, the unseen vendor's (AMD) and
+    leave-one-GPU-out; a `ReportError` for JSON that is not a `tilesim kernels validate` report
+    (an empty table would have replaced the README's)."""
     fams = [f.value for f in trained_families()]
-    splits = (("unseen", "unseen (trained on 5 GPUs)"), ("logo", "leave-one-GPU-out"))
     if not isinstance(report, dict) or not any(
-        isinstance(report.get(s), dict) and report[s] for s, _ in splits
+        isinstance(report.get(s), dict) and report[s] for s, _ in SPLITS
     ):
         raise ReportError("not a `tilesim kernels validate` report (no unseen or logo GPUs)")
     head = "| GPU | split | " + " | ".join(fams) + " |"
     lines = [head, "|" + "---|" * (len(fams) + 2)]
-    for split, label in splits:
+    for split, label in SPLITS:
         entries = report.get(split) or {}
         for device, entry in sorted(entries.items() if isinstance(entries, dict) else []):
             try:

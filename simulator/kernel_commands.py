@@ -58,7 +58,7 @@ def _add_train(ks: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _add_validate(ks: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    v = ks.add_parser("validate", help="unseen-GPU and leave-one-GPU-out errors vs roofline")
+    v = ks.add_parser("validate", help="unseen-GPU, AMD and leave-one-GPU-out errors vs roofline")
     v.add_argument("--data", type=path_arg, default=None, help=DATA_HELP)
     v.add_argument(
         "--out",
