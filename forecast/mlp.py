@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 
 import torch
+import torch.nn.functional as F  # noqa: N812 (PyTorch's own alias)
 from torch import nn
 
 
@@ -49,6 +50,18 @@ class TileMLP(nn.Module):
         z = (torch.minimum(torch.maximum(x, self.lo), self.hi) - self.mean) / self.std
         return self.net(z).squeeze(-1)
 
+    def infer(self, x: torch.Tensor) -> torch.Tensor:
+        """`forward` without gradients, bit for bit: the same products in functional calls,
+        SiLU in place (module calls and fresh SiLU outputs were a fifth of a 100k-kernel
+        forecast). Call it under ``torch.no_grad()``."""
+        z = (torch.minimum(torch.maximum(x, self.lo), self.hi) - self.mean) / self.std
+        for layer in self.net:  # Linear and SiLU only (`__init__`)
+            if isinstance(layer, nn.Linear):
+                z = F.linear(z, layer.weight, layer.bias)
+            else:
+                z = F.silu(z, inplace=True)
+        return z.squeeze(-1)
+
 
 class TileEnsemble(nn.Module):
     """Members trained from different seeds; predicts the mean of their log ratios.
@@ -85,8 +98,10 @@ class TileEnsemble(nn.Module):
         n = x.shape[0]
         pad = -n % PREDICT_ROWS
         blocks = torch.cat([x, x.new_zeros((pad, x.shape[1]))]).split(PREDICT_ROWS)
+        members: list[TileMLP] = list(self.members)  # type: ignore[arg-type]
         with torch.no_grad():
-            return torch.cat([self(b) for b in blocks])[:n]
+            means = [torch.stack([m.infer(b) for m in members]).mean(dim=0) for b in blocks]
+        return torch.cat(means)[:n]
 
 
 PREDICT_ROWS = 1024  # rows of every block `TileEnsemble.predict` forecasts
