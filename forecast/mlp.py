@@ -104,4 +104,11 @@ class TileEnsemble(nn.Module):
         return torch.cat(means)[:n]
 
 
-PREDICT_ROWS = 1024  # rows of every block `TileEnsemble.predict` forecasts
+# Rows of every block `TileEnsemble.predict` forecasts. Fewer, larger calls: two intra-op
+# threads share a 4,096-row block's products and SiLUs far better than a 1,024-row block's
+# (the ~364k rows of a 100k-kernel call: 0.84-1.06 -> 0.58-0.74 s with two threads, 1.3-1.6 ->
+# 0.94-1.02 s with one), but a call of a few kernels computes one whole block: 10-13 ms a
+# family instead of 3-4 (benchmarks/e2e_speed.py cold ~50 -> ~110 ms). Blocks of 32 to 16,384
+# rows (multiples of 32) gave these weights the same bits on this AVX2 CPU at one and two
+# threads; the last rows of a 1,000-row batch did not.
+PREDICT_ROWS = 4096
