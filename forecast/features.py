@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from forecast.gpus import GPUSpec
-from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, OpFamily
+from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, OpFamily, batch_bytes
 from forecast.tiles import Work, gemm_work, row_work
 
 F64 = npt.NDArray[np.float64]
@@ -217,18 +217,23 @@ def build_features(
     """Features of kernels of one family and dtype on ``gpu``; GEMMs need the tile choice.
     Columns are those of `feature_names` of the family, in its order."""
     dims = np.array([k.dims for k in kernels], dtype=np.int64)
-    total_bytes = np.array([k.bytes() for k in kernels], dtype=np.float64)
-    ops = [k.op for k in kernels]
-    return _features(gpu, kernels[0], ops, dims, total_bytes, choice)
+    return shape_features(gpu, kernels[0], dims, choice, ops=[k.op for k in kernels])
 
 
-def row_features(gpu: GPUSpec, like: KernelSpec, dims: npt.NDArray[np.int64]) -> FeatureBatch:
-    """`build_features` of row kernels of ``like``'s family, op and dtype with (n, 2) ``dims``
-    ``B, H``, without a `KernelSpec` each (`tile_mlp` prices each softmax's and layer norm's
-    halvings in rows)."""
-    f = dims.astype(np.float64)
-    total_bytes = np.asarray(like.row_bytes(f[:, 0], f[:, 1]), dtype=np.float64)
-    return _features(gpu, like, [like.op] * len(dims), dims, total_bytes, None)
+def shape_features(
+    gpu: GPUSpec,
+    like: KernelSpec,
+    dims: npt.NDArray[np.int64],
+    choice: npt.NDArray[np.int64] | None = None,
+    *,
+    ops: list[str] | None = None,
+) -> FeatureBatch:
+    """`build_features` of kernels of ``like``'s family and dtype with (n, d) ``dims`` and
+    operators ``ops`` (default: ``like``'s), without a `KernelSpec` each (`tile_mlp` floors
+    row kernels' dims, and prices each softmax's and layer norm's halvings in rows)."""
+    total_bytes = batch_bytes(like, dims, ops)
+    ops = [like.op] * len(dims) if ops is None else ops
+    return _features(gpu, like, ops, dims, total_bytes, choice)
 
 
 def _features(

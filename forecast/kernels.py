@@ -26,9 +26,13 @@ family has one operator it equals the family name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 
 class OpFamily(StrEnum):
@@ -213,25 +217,25 @@ class KernelSpec:
 
     def bytes(self) -> float:
         """Minimum DRAM traffic: every operand read once and every result written once."""
+        return float(self.shape_bytes(*self.dims))
+
+    def shape_bytes(self, *dims: Any) -> Any:
+        """`bytes` of a kernel of this family, op and dtype with dims ``dims``: ints, or
+        float64 arrays (`batch_bytes` prices many at once)."""
         s = self.itemsize_bytes
         if self.family is OpFamily.BMM:
-            B, M, N, K = self.dims
-            return float(s * B * (M * N + N * K + M * K))
+            B, M, N, K = dims
+            return s * B * (M * N + N * K + M * K)
         if self.family is OpFamily.LINEAR:
-            B, M, N, K = self.dims
-            return float(s * (B * M * N + N * K + K + B * M * K))
+            B, M, N, K = dims
+            return s * (B * M * N + N * K + K + B * M * K)
         if self.family is OpFamily.ATTENTION:
-            bh, s_q, s_kv, d = self.dims
+            bh, s_q, s_kv, d = dims
             if self.op in ATTENTION_BACKWARD_OPS:  # Q, O, dO, dQ; K, V, dK, dV; fp32 dQ
                 # zero, add and read
-                return float(s * bh * d * (4 * s_q + 4 * s_kv) + 3 * 4 * bh * s_q * d)
-            return float(s * bh * d * (2 * s_q + 2 * s_kv))  # read Q, K, V; write O
-        return float(self.row_bytes(*self.dims))
-
-    def row_bytes(self, B: Any, H: Any) -> Any:
-        """`bytes` of a row kernel of this family, op and dtype with ``B`` rows of ``H``: ints,
-        or float64 arrays (`tile_mlp.row_halvings` prices many at once)."""
-        s = self.itemsize_bytes
+                return s * bh * d * (4 * s_q + 4 * s_kv) + 3 * 4 * bh * s_q * d
+            return s * bh * d * (2 * s_q + 2 * s_kv)  # read Q, K, V; write O
+        B, H = dims
         if self.family is OpFamily.ELEMENTWISE:
             reads, _ = ELEMENTWISE_OPS[self.op]
             return s * B * H * (reads + 1)
@@ -241,3 +245,34 @@ class KernelSpec:
             return s * 2 * B * H
         reads_w, writes_w = MEMORY_OPS[self.op]
         return B * H * (s * (reads_w + writes_w) + MASK_BYTES.get(self.op, 0.0))
+
+
+# float64 holds every integer below this exactly.
+_EXACT_BELOW = 2.0**53
+
+
+def batch_bytes(
+    like: KernelSpec, dims: npt.NDArray[np.int64], ops: list[str] | None = None
+) -> npt.NDArray[np.float64]:
+    """`KernelSpec.bytes` of kernels of ``like``'s family and dtype with (n, d) ``dims`` and
+    operators ``ops`` (default: ``like``'s), bit for bit, in arrays (one `bytes` call a kernel
+    was a seventh of a 100k-kernel forecast)."""
+    if ops is None:
+        return _op_bytes(like, dims)
+    by_op: dict[str, list[int]] = defaultdict(list)
+    for i, op in enumerate(ops):
+        by_op[op].append(i)
+    out = np.empty(len(dims), dtype=np.float64)
+    for op, idx in by_op.items():
+        out[idx] = _op_bytes(replace(like, op=op), dims[idx])
+    return out
+
+
+def _op_bytes(like: KernelSpec, dims: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+    """`batch_bytes` of one operator. The formulas multiply and add positive integers (by
+    factors of at least one), so a float64 result under 2^53 had every step exact; a kernel
+    at or past it is priced in Python ints."""
+    out = np.asarray(like.shape_bytes(*dims.T.astype(np.float64)), np.float64)
+    for i in np.flatnonzero(out >= _EXACT_BELOW):
+        out[i] = float(like.shape_bytes(*(int(d) for d in dims[i])))
+    return out

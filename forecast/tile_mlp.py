@@ -13,7 +13,7 @@ import json
 import logging
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,10 +23,10 @@ import numpy.typing as npt
 import torch
 
 from forecast.bandwidth import BandwidthModel
-from forecast.features import FeatureBatch, build_features, feature_names, row_features
+from forecast.features import FeatureBatch, feature_names, shape_features
 from forecast.files import write_together
 from forecast.gpus import GPUSpec
-from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, OpFamily
+from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, OpFamily, batch_bytes
 from forecast.mlp import TileEnsemble
 from forecast.predict import WEIGHTS_DIR, ModelError
 from forecast.tilepick import TilePicker, TileTable
@@ -68,34 +68,29 @@ class TileMLPModel:
     def _predict_family(
         self, family: OpFamily, kernels: list[KernelSpec], gpu: GPUSpec
     ) -> npt.NDArray[np.float64]:
+        """Seconds of kernels of one family and dtype, in arrays of their dims (no
+        `KernelSpec` a floored kernel or a halving)."""
         if family not in self.mlps:
             raise ModelError(f"no weights for family {family.value}; run `tilesim kernels train`")
+        dims = np.array([k.dims for k in kernels], dtype=np.int64)
         if family in GEMM_FAMILIES:
-            dims = np.array([k.dims for k in kernels], dtype=np.int64)
-            return self._mlp_s(family, kernels, gpu, self.picker.pick(family.value, gpu, dims))
-        floor_s = dram_floor_s(kernels, gpu, self.dram_fraction)
-        kernels = [_at_least_floor(k) for k in kernels]
+            choice = self.picker.pick(family.value, gpu, dims)
+            return self._net_s(family, shape_features(gpu, kernels[0], dims, choice))
+        ops = [k.op for k in kernels]
+        floor_s = dram_floor_s(batch_bytes(kernels[0], dims, ops), gpu, self.dram_fraction)
+        dims = at_least_floor(family, dims)
         if family not in ROWS_MONOTONE:
-            return np.maximum(self._mlp_s(family, kernels, gpu, None), floor_s)
+            fb = shape_features(gpu, kernels[0], dims, ops=ops)
+            return np.maximum(self._net_s(family, fb), floor_s)
         t = np.empty(len(kernels))
         by_op: dict[str, list[int]] = defaultdict(list)
-        for i, k in enumerate(kernels):
-            by_op[k.op].append(i)
+        for i, op in enumerate(ops):
+            by_op[op].append(i)
         for idx in by_op.values():
-            halved, starts = row_halvings(np.array([kernels[i].dims for i in idx], np.int64))
-            each = self._net_s(family, row_features(gpu, kernels[idx[0]], halved))
+            halved, starts = row_halvings(dims[idx])
+            each = self._net_s(family, shape_features(gpu, kernels[idx[0]], halved))
             t[idx] = np.maximum.reduceat(each, starts)
         return np.maximum(t, floor_s)
-
-    def _mlp_s(
-        self,
-        family: OpFamily,
-        kernels: list[KernelSpec],
-        gpu: GPUSpec,
-        choice: npt.NDArray[np.int64] | None,
-    ) -> npt.NDArray[np.float64]:
-        """The MLP's own seconds: its ratio times the kernels' base time."""
-        return self._net_s(family, build_features(gpu, kernels, choice))
 
     def _net_s(self, family: OpFamily, fb: FeatureBatch) -> npt.NDArray[np.float64]:
         """The MLP's own seconds of a feature batch."""
@@ -198,27 +193,23 @@ MIN_WIDTH = {OpFamily.LAYERNORM: 256}  # layer norms measured: widths 260-4100
 # capped at the T4's 0.78).
 # The element-wise row envelope (`ROWS_MONOTONE`) changed no test row's forecast (11.2%).
 def dram_floor_s(
-    kernels: list[KernelSpec], gpu: GPUSpec, fraction: float = 1.0
+    nbytes: npt.NDArray[np.float64], gpu: GPUSpec, fraction: float = 1.0
 ) -> npt.NDArray[np.float64]:
-    """The least time the DRAM allows each row kernel: its minimum bytes less two L2s (the
-    inputs may sit in L2 at its start, the outputs stay there at its end) at ``fraction`` of
-    peak bandwidth. The MLP, unbounded, forecast fp32 layer norms of 1-8 GB at up to 1.15x
-    the DRAM peak on Hopper and MI300 (outside its training GPUs' bandwidths); a kernel L2
-    can serve keeps the MLP's forecast (the L4's tables run a 25 MB softmax at 1.9x its DRAM
-    peak)."""
-    nbytes = np.array([float(k.bytes()) for k in kernels])
+    """The least time the DRAM allows row kernels of ``nbytes`` minimum bytes: those bytes
+    less two L2s (the inputs may sit in L2 at its start, the outputs stay there at its end) at
+    ``fraction`` of peak bandwidth. The MLP, unbounded, forecast fp32 layer norms of 1-8 GB at
+    up to 1.15x the DRAM peak on Hopper and MI300 (outside its training GPUs' bandwidths); a
+    kernel L2 can serve keeps the MLP's forecast (the L4's tables run a 25 MB softmax at 1.9x
+    its DRAM peak)."""
     return np.maximum(nbytes - 2.0 * gpu.l2_bytes, 0.0) / (fraction * gpu.hbm_bw_bytes_per_s)
 
 
-def _at_least_floor(k: KernelSpec) -> KernelSpec:
-    """``k`` at least `MIN_WIDTH` wide, and below `ROW_FLOOR_ELEMENTS` the floor-sized kernel
-    of its op and width."""
-    rows, width = k.dims
-    wide = max(width, MIN_WIDTH.get(k.family, 1))
-    rows_at_floor = max(rows, -(-ROW_FLOOR_ELEMENTS // wide))
-    if (rows_at_floor, wide) == (rows, width):
-        return k
-    return replace(k, dims=(rows_at_floor, wide))
+def at_least_floor(family: OpFamily, dims: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """(n, 2) row-kernel ``dims`` ``B, H`` at least `MIN_WIDTH` wide, and below
+    `ROW_FLOOR_ELEMENTS` the floor-sized kernel of their width."""
+    wide = np.maximum(dims[:, 1], MIN_WIDTH.get(family, 1))
+    rows_at_floor = np.maximum(dims[:, 0], -(-ROW_FLOOR_ELEMENTS // wide))
+    return np.column_stack([rows_at_floor, wide])
 
 
 # More rows of one width are more of the same blocks, never less time; the MLP's ripple on

@@ -16,7 +16,7 @@ import pytest
 from forecast.gpus import list_gpus, load_gpu
 from forecast.kernels import KernelSpec, OpFamily
 from forecast.predict import LatencyModel, load_latency_model
-from forecast.tile_mlp import MIN_WIDTH, ROW_FLOOR_ELEMENTS, _at_least_floor
+from forecast.tile_mlp import MIN_WIDTH, ROW_FLOOR_ELEMENTS, at_least_floor
 from simulator.cli import main
 
 GPU_IDS = list_gpus()
@@ -66,7 +66,7 @@ def test_narrow_layer_norm_is_forecast_as_the_narrowest_measured_width(
     """Closed form of the substitution: width MIN_WIDTH, rows at least the floor's."""
     wide = MIN_WIDTH[OpFamily.LAYERNORM]
     want = (max(rows, -(-ROW_FLOOR_ELEMENTS // wide)), wide)
-    assert _at_least_floor(_ln(rows, width)).dims == want
+    assert at_least_floor(OpFamily.LAYERNORM, np.array([[rows, width]])).tolist() == [list(want)]
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,8 @@ def test_narrow_layer_norm_is_forecast_as_the_narrowest_measured_width(
     ],
 )
 def test_kernels_at_or_past_the_floor_and_wide_enough_are_left_alone(kernel: KernelSpec) -> None:
-    assert _at_least_floor(kernel) is kernel
+    dims = np.array([kernel.dims])
+    assert np.array_equal(at_least_floor(kernel.family, dims), dims)
 
 
 def test_extreme_sizes_forecast_finite_and_positive() -> None:

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from forecast.kernels import Dtype, KernelSpec, OpFamily, resolve_op
+from forecast.kernels import (
+    FAMILY_OPS,
+    ROW_FAMILIES,
+    Dtype,
+    KernelSpec,
+    OpFamily,
+    batch_bytes,
+    resolve_op,
+)
 
 
 def test_bmm_flops_and_bytes_by_hand() -> None:
@@ -81,3 +90,29 @@ def test_slow_memory_ops_stream_slower_by_their_factor() -> None:
     assert fast.bytes() == slow.bytes()
     t_fast, t_slow = mem.predict_s([fast, slow], gpu) - mem.launch_s
     assert t_slow / t_fast == pytest.approx(SLOW_MEMORY_OPS["dropout_backward"])
+
+
+@pytest.mark.parametrize("family", list(OpFamily))
+@pytest.mark.parametrize("dtype", [Dtype.FP32, Dtype.BF16, Dtype.FP8])
+def test_batch_bytes_is_bytes_bit_for_bit(family: OpFamily, dtype: Dtype) -> None:
+    """In arrays, for every operator of the family at once, up to sizes whose bytes pass
+    float64's integers (2^53): there the Python-int sum rounds once, float64 steps would
+    round at each step."""
+    rng = np.random.default_rng(0)
+    ops = list(FAMILY_OPS[family])
+    n_dims = 2 if family in ROW_FAMILIES else 4
+    dims = np.concatenate(
+        [
+            rng.integers(1, 2**14, size=(300, n_dims)),
+            rng.integers(2**20, 2**31, size=(300, n_dims)),
+            np.full((1, n_dims), 2**31 - 1),
+        ]
+    )
+    kernel_ops = [ops[i % len(ops)] for i in range(len(dims))]
+    kernels = [
+        KernelSpec(family, tuple(int(x) for x in d), dtype, op)
+        for d, op in zip(dims, kernel_ops, strict=True)
+    ]
+    got = batch_bytes(kernels[0], dims, kernel_ops)
+    assert got.tolist() == [k.bytes() for k in kernels]
+    assert (got >= 2.0**53).any()

@@ -45,6 +45,22 @@ def test_mlp_clamps_inputs_to_training_range() -> None:
     assert at_edge == beyond
 
 
+def test_ensemble_predict_is_forward_bit_for_bit() -> None:
+    """`TileEnsemble.predict` runs each member's `TileMLP.infer` (functional calls, SiLU in
+    place) and must give `forward`'s bits: a block of `PREDICT_ROWS` rows, half of them past
+    the training range (clamped)."""
+    from forecast.mlp import PREDICT_ROWS, TileEnsemble
+
+    torch.manual_seed(0)
+    ens = TileEnsemble(3, members=3)
+    for member in ens.members:
+        member.set_scaling(torch.randn(50, 3))
+    x = 3.0 * torch.randn(PREDICT_ROWS, 3)
+    with torch.no_grad():
+        want = ens(x)
+    assert torch.equal(ens.predict(x), want)
+
+
 def _toy_model() -> TileMLPModel:
     from forecast.features import feature_names
     from forecast.mlp import TileEnsemble
