@@ -137,3 +137,25 @@ def test_validation_file_amd_section_matches_the_committed_weights(neusight_dir:
                 got = fresh[device][model][family]
                 assert got["n"] == stats["n"]
                 assert got["mape_pct"] == pytest.approx(stats["mape_pct"], abs=0.05)
+
+
+def test_validate_scores_the_vendor_with_its_unseen_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`validate` fills ``unseen_vendor`` from the model it scores the unseen NVIDIA GPUs with
+    (trained once on all five), not from a leave-one-GPU-out fold."""
+    import forecast.train
+
+    trained: list[object] = []
+
+    def fake_train(*args: object, **kwargs: object) -> _OneMs:
+        trained.append(kwargs.get("devices"))
+        return _OneMs()
+
+    monkeypatch.setattr(forecast.train, "train_model", fake_train)
+    monkeypatch.setattr(forecast.train, "load_family_data", lambda *a, **k: {})
+    folder = _folder(tmp_path)
+    report = validate(folder, logo=False, progress=False)
+    assert trained == [None]  # one fit, on the default (all five) training GPUs
+    assert list(report["unseen"]) == ["NVIDIA L4"]
+    assert report["unseen_vendor"] == unseen_vendor_errors(_OneMs(), folder)  # type: ignore[arg-type]
