@@ -113,18 +113,23 @@ def test_shares() -> None:
     assert spine_slowdown({0: 1, 1: 1}, 2, 8.0).ring == 1.0  # one leaf: nothing crosses
 
 
-def _exposed_dp_s(ratio: float) -> float:
+def _exposed_s(scenario_id: str, part: str, sets: dict[str, float]) -> float:
+    """Exposed ``part`` communication of a scenario's own layout with ``sets`` overrides."""
     from simulator.scenario import load_scenario, resolve
     from simulator.simulate import latency_table, simulate_timeline
     from simulator.space import find_scenario
 
-    sets = {"cluster.num_gpus": 2048, "cluster.oversubscription": ratio, "run.tp": 8}
-    sets |= {"run.pp": 4, "run.dp": 64, "run.virtual_stages": 2}
     overrides = tuple(f"{k}={v}" for k, v in sets.items())
-    scenario = load_scenario(find_scenario("gpt3-175b-h100"), overrides=overrides)
+    scenario = load_scenario(find_scenario(scenario_id), overrides=overrides)
     inputs = resolve(scenario)
     result, _ = simulate_timeline(inputs, scenario.run, latency_table(inputs, [scenario.run]))
-    return float(result.to_row()["exposed_comm_s"]["dp"])
+    return float(result.to_row()["exposed_comm_s"][part])
+
+
+def _exposed_dp_s(ratio: float) -> float:
+    sets = {"cluster.num_gpus": 2048, "cluster.oversubscription": ratio, "run.tp": 8}
+    sets |= {"run.pp": 4, "run.dp": 64, "run.virtual_stages": 2}
+    return _exposed_s("gpt3-175b-h100", "dp", sets)
 
 
 def test_simulated_dp_ring_across_two_leaves_is_not_slowed() -> None:
@@ -164,16 +169,8 @@ def test_context_parallel_rings_step_together() -> None:
 
 
 def _exposed_pp_s(ratio: float, per_leaf: int) -> float:
-    from simulator.scenario import load_scenario, resolve
-    from simulator.simulate import latency_table, simulate_timeline
-    from simulator.space import find_scenario
-
     sets = {"cluster.oversubscription": ratio, "cluster.nodes_per_leaf": per_leaf}
-    overrides = tuple(f"{k}={v}" for k, v in sets.items())
-    scenario = load_scenario(find_scenario("gpt3-175b-a100"), overrides=overrides)
-    inputs = resolve(scenario)
-    result, _ = simulate_timeline(inputs, scenario.run, latency_table(inputs, [scenario.run]))
-    return float(result.to_row()["exposed_comm_s"]["pp"])
+    return _exposed_s("gpt3-175b-a100", "pp", sets)
 
 
 def test_simulated_pipeline_hops_pay_their_stage_share_of_the_ratio() -> None:
