@@ -45,16 +45,19 @@ class TileMLP(nn.Module):
         self.lo.copy_(x.min(dim=0).values)
         self.hi.copy_(x.max(dim=0).values)
 
+    def _standardised(self, x: torch.Tensor) -> torch.Tensor:
+        """Inputs clamped to the training range, then standardised."""
+        return (torch.minimum(torch.maximum(x, self.lo), self.hi) - self.mean) / self.std
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Log ratio of latency to base time, shape (n,)."""
-        z = (torch.minimum(torch.maximum(x, self.lo), self.hi) - self.mean) / self.std
-        return self.net(z).squeeze(-1)
+        return self.net(self._standardised(x)).squeeze(-1)
 
     def infer(self, x: torch.Tensor) -> torch.Tensor:
         """`forward` without gradients, bit for bit: the same products in functional calls,
         SiLU in place (module calls and fresh SiLU outputs were a fifth of a 100k-kernel
         forecast). Call it under ``torch.no_grad()``."""
-        z = (torch.minimum(torch.maximum(x, self.lo), self.hi) - self.mean) / self.std
+        z = self._standardised(x)
         for layer in self.net:  # Linear and SiLU only (`__init__`)
             if isinstance(layer, nn.Linear):
                 z = F.linear(z, layer.weight, layer.bias)

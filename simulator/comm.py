@@ -51,7 +51,7 @@ sequence-parallel all-gathers, which TE quantizes first: ``A / 2``, `te_gather_b
   parallelism the activation is already split over TP and nothing is gathered). A hop that
   leaves a leaf of an oversubscribed fat tree shares the uplinks with the rest of its stage's
   boundary: it is slowed by the share of the leaf's pipeline sends that leave it times the
-  ratio (`Cluster.shift_spine`), not by the full ratio its two ranks alone would give.
+  ratio (`Cluster.p2p_spine`), not by the full ratio its two ranks alone would give.
 * DP (gradient reductions, parameter gathers, ZeRO-3): `dp_comm`.
 """
 
@@ -70,7 +70,7 @@ from simulator.scenario import SimInputs
 from simulator.stagecost import shard_model
 from topologies import Cluster, collective_estimate
 from topologies.algorithms import Op
-from topologies.spine import SpineSlowdown
+from topologies.spine import SpineSlowdown, ring_step_share, shift_share
 
 
 def collective_s(
@@ -210,8 +210,8 @@ def _pp_hop_s(inputs: SimInputs, layout: Layout, a: float, ag: float) -> float:
     """One stage boundary's send-recv of ``a / tp`` bytes (its slowest hop), plus the receiving
     TP group's all-gather ``ag`` of ``A`` without sequence parallelism."""
     run, cl = layout.run, inputs.cluster
-    stride = run.tp * run.cp * layout.dp  # a stage's ranks: every one sends across at once
-    spine = cl.shift_spine(run.pp * stride, stride, wrap=run.virtual_stages > 1)
+    stride = layout.stage_ranks  # every rank of a stage sends across at once
+    spine = cl.p2p_spine(shift_share, run.pp * stride, stride, run.virtual_stages > 1)
     hop = max(
         (collective_s("send-recv", a / run.tp, h, cl, spine) for h in layout.pp_hops), default=0.0
     )
@@ -235,12 +235,11 @@ def _cp_blocking_s(inputs: SimInputs, layout: Layout, kv_bytes: float) -> tuple[
 def _ring_step_s(nbytes: float, layout: Layout, cl: Cluster) -> float:
     """One CP ring step: every rank sends ``nbytes`` to the next at once, so the slowest hop
     of the priced CP group sets it; 0.0 for a ring of one rank. Every CP ring steps together,
-    so one crossing a leaf shares the uplinks with all of them (`Cluster.ring_step_spine`)."""
+    so one crossing a leaf shares the uplinks with all of them (`Cluster.p2p_spine`)."""
     ring, run = layout.cp_group, layout.run
     if len(ring) < 2:
         return 0.0
-    world = run.tp * run.cp * layout.dp * run.pp
-    spine = cl.ring_step_spine(world, run.tp, run.cp)
+    spine = cl.p2p_spine(ring_step_share, layout.stage_ranks * run.pp, run.tp, run.cp)
     hops = ((a, ring[(i + 1) % len(ring)]) for i, a in enumerate(ring))
     return max((collective_s("send-recv", nbytes, h, cl, spine) for h in hops), default=0.0)
 

@@ -41,6 +41,7 @@ from simulator.models import ModelSpec
 from simulator.parallel import Layout
 from simulator.scenario import SimInputs
 from simulator.shard_params import replicated_layer_params
+from topologies.spine import shift_share
 
 
 def embedding_pair(layout: Layout, gpus_per_node: int) -> tuple[int, int]:
@@ -48,8 +49,7 @@ def embedding_pair(layout: Layout, gpus_per_node: int) -> tuple[int, int]:
     ``r + (pp - 1) * tp * cp * dp``. Of the ``tp * cp * dp`` such pairs, the first that spans
     two nodes (stages need not start on a node boundary: 12 ranks on 8-GPU nodes in 2 stages
     pair 0 with 6, inside node 0, but 2 with 8 across), else rank 0's."""
-    run = layout.run
-    stride = run.tp * run.cp * layout.dp
+    run, stride = layout.run, layout.stage_ranks
     gap = (run.pp - 1) * stride
     across = (r for r in range(stride) if r // gpus_per_node != (r + gap) // gpus_per_node)
     first = next(across, 0)
@@ -74,9 +74,8 @@ def embedding_grad_sync_s(inputs: SimInputs, layout: Layout) -> float:
         return 0.0
     cl, run = inputs.cluster, layout.run
     pair = embedding_pair(layout, cl.server.gpus_per_node)
-    # every first-stage rank reduces with its last-stage twin at once (`Cluster.shift_spine`)
-    stride = run.tp * run.cp * layout.dp
-    spine = cl.shift_spine(run.pp * stride, pair[1] - pair[0], wrap=False)
+    # every first-stage rank reduces with its last-stage twin at once (`Cluster.p2p_spine`)
+    spine = cl.p2p_spine(shift_share, run.pp * layout.stage_ranks, pair[1] - pair[0], False)
     return collective_s("all-reduce", nbytes, pair, cl, spine)
 
 

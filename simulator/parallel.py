@@ -127,6 +127,11 @@ class Layout:
     pp_hops: tuple[tuple[int, int], ...]
 
     @property
+    def stage_ranks(self) -> int:
+        """Ranks of one pipeline stage, ``tp x cp x dp`` (Megatron's order: stages outermost)."""
+        return self.run.tp * self.run.cp * self.dp
+
+    @property
     def chunks(self) -> int:
         """Model chunks per stage (virtual stages with interleaving, else 1)."""
         return len(self.layers_per_stage[0])

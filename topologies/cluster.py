@@ -17,13 +17,7 @@ import networkx as nx
 from topologies.mesh import all_to_all_share, group_share
 from topologies.nics import gpu_inter_bw, link_scale, nic_of, nic_scale, pcie_line_bw
 from topologies.spec import ClusterSpec, LinkTier, NVLSSpec, TierKind, TopologyError
-from topologies.spine import (
-    SpineSlowdown,
-    ring_step_share,
-    shift_share,
-    shift_slowdown,
-    spine_slowdown,
-)
+from topologies.spine import SpineSlowdown, p2p_slowdown, spine_slowdown
 
 MEGATRON_ORDER: tuple[str, ...] = ("tp", "dp", "pp")
 
@@ -84,7 +78,7 @@ class Cluster:
         # group_links is a pure function of the ranks; a sweep asks for the same groups over
         # and over (every layout's DP and TP groups), and each answer walks every rank.
         self._links: dict[tuple[int, ...], GroupLinks] = {}
-        self._shifts: dict[tuple[str, int, int, int], SpineSlowdown] = {}
+        self._p2p: dict[tuple[str | int, ...], SpineSlowdown] = {}
 
     @property
     def world_size(self) -> int:
@@ -131,38 +125,19 @@ class Cluster:
             groups[dim] = sorted(found)
         return groups
 
-    def shift_spine(self, world: int, stride: int, *, wrap: bool) -> SpineSlowdown:
-        """Spine slowdowns of a pipeline hop crossing leaves, when ranks ``0 .. world - 1``
-        each send to the rank ``stride`` ahead and back at once (`topologies.spine.shift_share`):
-        a stage's whole boundary, not the one pair that `group_links` would see."""
-        per_node, per_leaf = self.server.gpus_per_node, self.spec.nodes_per_leaf
-        return self._pattern_spine(
-            ("shift", world, stride, wrap),
-            lambda: shift_share(
-                world, stride, wrap=wrap, gpus_per_node=per_node, nodes_per_leaf=per_leaf
-            ),
-        )
-
-    def ring_step_spine(self, world: int, step: int, size: int) -> SpineSlowdown:
-        """Spine slowdowns of one step of every ring of ``size`` ranks ``step`` apart among
-        ranks ``0 .. world - 1`` at once (`topologies.spine.ring_step_share`: context-parallel
-        rings), not the one pair that `group_links` would see."""
-        per_node, per_leaf = self.server.gpus_per_node, self.spec.nodes_per_leaf
-        return self._pattern_spine(
-            ("ring", world, step, size),
-            lambda: ring_step_share(
-                world, step, size, gpus_per_node=per_node, nodes_per_leaf=per_leaf
-            ),
-        )
-
-    def _pattern_spine(
-        self, key: tuple[str, int, int, int], share: Callable[[], float]
-    ) -> SpineSlowdown:
-        """`shift_slowdown` of ``share()``, once per pattern; nothing to slow at 1:1."""
-        if key not in self._shifts:
-            over = self.spec.oversubscription
-            self._shifts[key] = shift_slowdown(share() if over > 1 else 0.0, over)
-        return self._shifts[key]
+    def p2p_spine(self, share_of: Callable[..., float], *pattern: int) -> SpineSlowdown:
+        """Spine slowdowns of a pair that sends while the whole ``pattern`` does (ranks
+        ``0 .. world - 1``; `topologies.spine.shift_share`: a pipeline's stage boundaries,
+        `ring_step_share`: a step of every context-parallel ring), not those of the one pair
+        that `group_links` would see; computed once per pattern, nothing to slow at 1:1."""
+        key: tuple[str | int, ...] = (share_of.__name__, *pattern)
+        if key not in self._p2p:
+            over, share = self.spec.oversubscription, 0.0
+            if over > 1:
+                per_node, per_leaf = self.server.gpus_per_node, self.spec.nodes_per_leaf
+                share = share_of(*pattern, gpus_per_node=per_node, nodes_per_leaf=per_leaf)
+            self._p2p[key] = p2p_slowdown(share, over)
+        return self._p2p[key]
 
     def tier_of(self, ranks: Sequence[int]) -> LinkTier:
         """The slowest link tier a rank group spans: the node fabric or the network."""

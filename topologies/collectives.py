@@ -166,7 +166,7 @@ def collective_estimate(
         cluster: where the ranks live.
         algorithm: ``auto`` (fastest, like NCCL's tuner) or a key of `ALGORITHMS`.
         spine: where the group's traffic leaves a leaf, these slowdowns in place of those
-            its own placement gives (`Cluster.shift_spine`: a pipeline hop is one of a
+            its own placement gives (`Cluster.p2p_spine`: a pipeline hop is one of a
             stage's many pairs).
 
     Returns:

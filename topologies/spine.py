@@ -48,15 +48,16 @@ def spine_slowdown(
         return SpineSlowdown()
     nodes = sorted(ranks_per_node)
     leaf = [n // nodes_per_leaf for n in nodes]
-
-    def slow(share: float) -> float:
-        return max(1.0, share * oversubscription)
-
     return SpineSlowdown(
-        ring=slow(ring_share(leaf)),
-        tree=slow(tree_share(leaf)),
-        all_to_all=slow(all_to_all_share(ranks_per_node, nodes_per_leaf)),
+        ring=slowdown(ring_share(leaf), oversubscription),
+        tree=slowdown(tree_share(leaf), oversubscription),
+        all_to_all=slowdown(all_to_all_share(ranks_per_node, nodes_per_leaf), oversubscription),
     )
+
+
+def slowdown(share: float, oversubscription: float) -> float:
+    """The factor dividing network bandwidth when ``share`` of a leaf's NIC traffic goes up."""
+    return max(1.0, share * oversubscription)
 
 
 def ring_share(leaf: Sequence[int]) -> float:
@@ -116,7 +117,7 @@ def all_to_all_share(ranks_per_node: Mapping[int, int], nodes_per_leaf: int) -> 
 
 
 def shift_share(
-    world: int, stride: int, *, wrap: bool, gpus_per_node: int, nodes_per_leaf: int
+    world: int, stride: int, wrap: bool, *, gpus_per_node: int, nodes_per_leaf: int
 ) -> float:
     """`send_share` of every rank ``r`` of ranks ``0 .. world - 1`` that has a rank ``stride``
     ahead sending to it and back, all at once: a pipeline's stage boundaries (``stride`` ranks
@@ -162,7 +163,8 @@ def send_share(
     return float(demand.max(initial=0.0)) / per_leaf
 
 
-def shift_slowdown(share: float, oversubscription: float) -> SpineSlowdown:
-    """A shift pattern's slowdowns (every pattern alike: its pairs send point to point)."""
-    f = max(1.0, share * oversubscription)
+def p2p_slowdown(share: float, oversubscription: float) -> SpineSlowdown:
+    """A point-to-point pattern's slowdowns (`send_share`): every algorithm alike, as its
+    pairs send point to point."""
+    f = slowdown(share, oversubscription)
     return SpineSlowdown(ring=f, tree=f, all_to_all=f)
