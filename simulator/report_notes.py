@@ -84,7 +84,8 @@ COLUMNS = """\
   dtype). Model FLOPs are 3 forward passes (the backward counted as two), a forward pass per
   token being 2 x the layer weights (QKV, projection, FFN) + 4 x sequence length x attention
   width per layer (causal mask not discounted) + 2 x hidden size x vocabulary for the head
-  (Narayanan et al. 2021, eq. 3); recomputation is not counted (it is in the rows' `hfu`).
+  (Narayanan et al. 2021, eq. 3); recomputation is not counted (it is in the rows' `hfu`,
+  and with causal pairs in `hfu_causal`).
   This is the published runs' convention, but a causal decoder attends only S (S + 1) / 2 of
   the S x S (query, key) pairs, so at long sequences it overstates the GPU's work and can pass
   100%.

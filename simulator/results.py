@@ -13,6 +13,8 @@ so at long sequences MFU passes 100%. ``mfu_causal`` counts those pairs only: th
 FLOPs with ``4 * s * h_attention`` per token and layer replaced by ``2 * (s + 1) *
 h_attention``; a bidirectional model's (BERT's encoder) equals ``mfu``. Model FLOPs whatever
 the kernels: the fp32 stand-ins and unfused attention compute the whole matrix, then mask it.
+``hfu_causal`` is ``hfu`` counted the same way: the recomputed forward's scores and values
+(selective recompute's whole recomputation) over the unmasked pairs too.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class StepResult:
     mfu: float
     mfu_causal: float
     hfu: float
+    hfu_causal: float
     tokens_per_s: float
     bubble_fraction: float
     exposed_comm_s: dict[str, float]
@@ -86,16 +89,29 @@ class StepInfo:
     memory: MemoryBreakdown
 
 
-def _flops(info: StepInfo) -> tuple[float, float, float]:
-    """(model, hardware, causal model) FLOPs of a step (module docstring)."""
-    m, s = info.model, info.seq_len
+@dataclass(frozen=True, slots=True)
+class StepFlops:
+    """A step's FLOPs, whole model (module docstring): eq. 3's and the causal count, each
+    without (model) and with (hardware) the recomputed forward."""
+
+    model: float
+    hardware: float
+    causal_model: float
+    causal_hardware: float
+
+
+def _flops(info: StepInfo) -> StepFlops:
+    m, s, how = info.model, info.seq_len, info.layout.run.recompute
     w, a, head = forward_flops_per_token(m, s)
     tokens = info.global_batch_size * s
     model = 3.0 * (w + a + head) * tokens
-    recompute = {"none": 0.0, "selective": a, "full": w + a}[info.layout.run.recompute]
+    recompute = {"none": 0.0, "selective": a, "full": w + a}[how]
+    if not m.causal:
+        return StepFlops(model, model + recompute * tokens, model, model + recompute * tokens)
     attention = causal_attention_flops(m, s) * info.global_batch_size
-    causal = 3.0 * ((w + head) * tokens + attention) if m.causal else model
-    return model, model + recompute * tokens, causal
+    causal = 3.0 * ((w + head) * tokens + attention)
+    causal_recompute = {"none": 0.0, "selective": attention, "full": w * tokens + attention}[how]
+    return StepFlops(model, model + recompute * tokens, causal, causal + causal_recompute)
 
 
 def causal_attention_flops(model: ModelSpec, seq_len: int) -> float:
@@ -145,17 +161,19 @@ def summarize(t: Timeline, info: StepInfo) -> StepResult:
     iteration = t.makespan_s
     path = critical_path(t)
     fb, opt, bubble = _phases(t, path)
-    model_flops, hw_flops, causal_flops = _flops(info)
+    flops = _flops(info)
     per_gpu = iteration * info.num_gpus
+    peak = info.peak_flops_per_s
     return StepResult(
         iteration_s=iteration,
         forward_backward_s=fb,
         optimizer_s=opt,
-        model_tflops_per_gpu=model_flops / per_gpu / 1e12,
-        hardware_tflops_per_gpu=hw_flops / per_gpu / 1e12,
-        mfu=model_flops / per_gpu / info.peak_flops_per_s,
-        mfu_causal=causal_flops / per_gpu / info.peak_flops_per_s,
-        hfu=hw_flops / per_gpu / info.peak_flops_per_s,
+        model_tflops_per_gpu=flops.model / per_gpu / 1e12,
+        hardware_tflops_per_gpu=flops.hardware / per_gpu / 1e12,
+        mfu=flops.model / per_gpu / peak,
+        mfu_causal=flops.causal_model / per_gpu / peak,
+        hfu=flops.hardware / per_gpu / peak,
+        hfu_causal=flops.causal_hardware / per_gpu / peak,
         tokens_per_s=info.global_batch_size * info.seq_len / iteration,
         bubble_fraction=bubble,
         exposed_comm_s=_exposed(t, path),

@@ -68,6 +68,7 @@ RESULT_COLUMNS = (
     "mfu",
     "mfu_causal",
     "hfu",
+    "hfu_causal",
     "model_tflops_per_gpu",
     "num_micro_batches",
     "graph_nodes",
@@ -82,7 +83,7 @@ RESULT_COLUMNS = (
 COLUMNS = LAYOUT_COLUMNS + RESULT_COLUMNS
 # Columns added after rows were first written: a rows.jsonl an older tilesim wrote lacks them,
 # and `saved_rows.load_rows` reads them as null there (`tilesim plot` of an older sweep).
-LATER_COLUMNS = ("mfu_causal",)
+LATER_COLUMNS = ("mfu_causal", "hfu_causal")
 # Whole-number columns; the last two are null in screen rows, and a table column of numbers and
 # nulls became floats ("8.0" in rows.csv) in one sweep and stayed whole ("8") in another.
 INT_COLUMNS = (

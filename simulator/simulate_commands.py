@@ -128,8 +128,9 @@ def step_lines(inputs: SimInputs, run: RunConfig, result: StepResult) -> list[st
         f"{duration_text(result.forward_backward_s)}, optimizer "
         f"{duration_text(result.optimizer_s)})",
         f"  speed     {result.tokens_per_s:,.0f} tokens/s; {result.model_tflops_per_gpu:.1f} "
-        f"model / {result.hardware_tflops_per_gpu:.1f} hardware TFLOP/s per GPU, MFU "
-        f"{result.mfu:.1%}, causal MFU {result.mfu_causal:.1%}",
+        f"model / {result.hardware_tflops_per_gpu:.1f} hardware TFLOP/s per GPU",
+        f"  of peak   MFU {result.mfu:.1%}, causal MFU {result.mfu_causal:.1%}; with "
+        f"recomputation HFU {result.hfu:.1%}, causal HFU {result.hfu_causal:.1%}",
         f"  pipeline  bubble {result.bubble_fraction:.1%} of forward+backward",
         f"  exposed communication (on the critical path): {comm or 'none'}",
         f"  memory    {result.memory_gib_per_gpu:.1f} GiB per GPU, {fits}",

@@ -160,3 +160,47 @@ def test_rows_an_older_tilesim_wrote_still_plot_and_report(
     assert "causal MFU" in markdown_report(loaded, title="t", pruned=())
     assert main(["plot", str(tmp_path)]) == 0
     assert (tmp_path / "scaling.png").is_file()
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_hfu_causal_adds_the_recomputed_forward_over_the_causal_pairs(recompute: str) -> None:
+    """``hfu_causal x peak x step`` is the causal model FLOPs plus the recomputed forward with
+    its attention over the causal pairs: nothing (none), that attention (selective), the layer
+    weights and that attention (full). Without recomputation it equals ``mfu_causal``."""
+    inputs = _tiny()
+    run = load_scenario(TINY).run.model_copy(update={"recompute": recompute})
+    res = simulate(inputs, run, latency_table(inputs, [run]))
+    m, s, b = inputs.model, inputs.seq_len, inputs.global_batch_size
+    w, a, _ = forward_flops_per_token(m, s)
+    work = res.iteration_s * inputs.num_gpus * inputs.gpu.peak_for(inputs.dtype)
+    attention = b * causal_attention_flops(m, s)
+    extra = {"none": 0.0, "selective": attention, "full": w * b * s + attention}[recompute]
+    assert res.hfu_causal * work == pytest.approx(res.mfu_causal * work + extra, rel=1e-12)
+    extra_matrix = {"none": 0.0, "selective": a, "full": w + a}[recompute] * b * s
+    assert res.hfu * work == pytest.approx(res.mfu * work + extra_matrix, rel=1e-12)
+    if recompute == "none":
+        assert res.hfu_causal == res.mfu_causal and res.hfu == res.mfu
+    else:
+        assert res.mfu_causal < res.hfu_causal < res.hfu
+
+
+def test_a_bidirectional_model_has_hfu_causal_equal_to_hfu() -> None:
+    """BERT under full recomputation: every pair is attended, so the two hardware figures are
+    one, exactly."""
+    inputs = _tiny()
+    bert = dataclasses.replace(
+        inputs, model=inputs.model.model_copy(update={"architecture": "bert"})
+    )
+    run = load_scenario(TINY).run.model_copy(update={"recompute": "full"})
+    res = simulate(bert, run, latency_table(bert, [run]))
+    assert res.hfu_causal == res.hfu > res.mfu
+
+
+def test_simulate_prints_hfu_and_causal_hfu(capsys: pytest.CaptureFixture[str]) -> None:
+    """``simulate`` prints both hardware figures beside the model ones, as --json has them."""
+    assert main(["simulate", str(TINY), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert main(["simulate", str(TINY)]) == 0
+    text = capsys.readouterr().out
+    assert f"HFU {row['hfu']:.1%}, causal HFU {row['hfu_causal']:.1%}" in text
+    assert "hfu_causal" in COLUMNS and "hfu_causal" in LATER_COLUMNS
