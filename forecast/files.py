@@ -8,11 +8,22 @@ import json
 import os
 import shutil
 import tempfile
+import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 NOT_REGULAR = "is not a regular file (a device, pipe or socket); give a file path"
+
+
+def read_toml(path: Path, what: str, error: type[Exception]) -> dict[str, Any]:
+    """A TOML file's table, or ``error`` with one line naming ``what`` it is and why it cannot
+    be read (missing, unreadable, not UTF-8, not TOML): GPU, model and scenario files alike."""
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise error(f"cannot read {what} {path} as TOML (UTF-8): {e}") from e
 
 
 def is_special_file(path: Path) -> bool:

@@ -10,12 +10,12 @@ id, a path to a catalog TOML, a path to a NeuSight device JSON, or a NeuSight de
 from __future__ import annotations
 
 import difflib
-import tomllib
 from functools import cache
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from forecast.files import read_toml
 from forecast.gpu_bounds import plausibility_error
 from forecast.gpu_sheet import spec_from_sheet
 from forecast.gpu_spec import GPUError, GPUSpec, first_error
@@ -34,11 +34,7 @@ CATALOG_DIR = Path(__file__).parent / "data" / "gpus"
 
 
 def _from_toml(path: Path) -> GPUSpec:
-    try:
-        with path.open("rb") as f:
-            raw = tomllib.load(f)
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise GPUError(f"cannot read GPU file {path}: {e}") from e
+    raw = read_toml(path, "GPU file", GPUError)
     raw.setdefault("id", path.stem)
     try:
         spec = GPUSpec.model_validate(raw)

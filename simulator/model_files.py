@@ -7,12 +7,12 @@ config's own key for it, `hf_config.KEYS`). `models.load_model` picks the file b
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from forecast.files import read_toml
 from simulator.errors import ConfigError
 from simulator.model_shapes import ShapeError
 from simulator.models import ModelSpec
@@ -40,11 +40,7 @@ def validate_model(
 
 def model_from_toml(path: Path) -> ModelSpec:
     """The model of a TOML file; its id defaults to the file's stem."""
-    try:
-        with path.open("rb") as f:
-            raw = tomllib.load(f)
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"cannot read model file {path}: {e}") from e
+    raw = read_toml(path, "model file", ConfigError)
     raw.setdefault("id", path.stem)
     return validate_model(raw, str(path))
 

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from forecast.files import read_toml
 from forecast.flash_attention import FLASH_ATTENTION_AMD_ISAS, has_flash_attention
 from forecast.gpus import GPUError, GPUSpec, load_gpu
 from forecast.kernels import Dtype
@@ -168,11 +169,7 @@ def _unknown_key(loc: tuple[int | str, ...]) -> str:
 def load_scenario(path: str | Path, *, overrides: tuple[str, ...] = ()) -> Scenario:
     """Read a scenario TOML and apply ``--set TABLE.KEY=VALUE`` overrides in order."""
     path = Path(path)
-    try:
-        with path.open("rb") as f:
-            raw = tomllib.load(f)
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"cannot read scenario {path} as TOML (UTF-8): {e}") from e
+    raw = read_toml(path, "scenario", ConfigError)
     for assignment in overrides:
         _set(raw, assignment)
     return parse_scenario(raw, source=str(path), base_dir=path.resolve().parent)
