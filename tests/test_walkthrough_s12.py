@@ -343,17 +343,17 @@ def test_simulate_prints_the_layout_and_every_figure_with_its_unit(
     _, js, _ = _run(capsys, "simulate", str(TINY), "--json")
     row = json.loads(js)
     lines = out.splitlines()
-    assert code == 0 and len(lines) == 6
+    assert code == 0 and len(lines) == 7
     assert lines[0] == (
         "tiny-gpt-8gpu on 8 x a100-sxm4-80gb, bf16; tp 2, pp 2, dp 2; 4 micro-batches of "
         "2 x 128 tokens per replica, 1f1b schedule"
     )
     assert lines[1].split()[:3] == ["step", *duration_text(row["iteration_s"]).split()]
     assert f"{row['tokens_per_s']:,.0f} tokens/s" in lines[2]
-    assert f"MFU {row['mfu']:.1%}" in lines[2]
-    assert lines[3].strip() == f"pipeline  bubble {row['bubble_fraction']:.1%} of forward+backward"
-    assert f"tp {duration_text(row['exposed_comm_s']['tp'])}" in lines[4]
-    assert lines[5].strip() == (
+    assert f"MFU {row['mfu']:.1%}" in lines[3] and f"HFU {row['hfu']:.1%}" in lines[3]
+    assert lines[4].strip() == f"pipeline  bubble {row['bubble_fraction']:.1%} of forward+backward"
+    assert f"tp {duration_text(row['exposed_comm_s']['tp'])}" in lines[5]
+    assert lines[6].strip() == (
         f"memory    {row['memory_gib_per_gpu']:.1f} GiB per GPU, fits in its 80.0 GiB of GPU memory"
     )
     assert "fits=" not in out
