@@ -27,6 +27,7 @@ _SHEET_FIELDS = {
     "L2Cache": ("MiB", float(2**20), False),  # vendors' cache "MB" is binary, as in the catalog
     "SingleFLOPs": ("GFLOP/s", 1e9, False),
     "SingleFLOPsVEC": ("GFLOP/s", 1e9, False),
+    "SingleFLOPsMM": ("GFLOP/s", 1e9, False),
 }
 
 
@@ -58,6 +59,8 @@ def spec_from_sheet(path: Path) -> GPUSpec:
     lanes = int(_sheet_si(raw, "Core_Per_SM", path))
     implied = fp32 / (2 * sms * freq)
     lanes = _fp32_lanes(lanes, implied, path, fp32_key)
+    # AMD's matrix-core FP32 rate (MFMA), which rocBLAS's FP32 GEMMs run on
+    matrix = _sheet_si(raw, "SingleFLOPsMM", path) if "SingleFLOPsMM" in raw else None
     try:
         spec = GPUSpec(
             id=name.lower().replace(" ", "-"),
@@ -73,6 +76,7 @@ def spec_from_sheet(path: Path) -> GPUSpec:
             hbm_bw_bytes_per_s=_sheet_si(raw, "Mem_Bw", path),
             l2_bytes=_sheet_si(raw, "L2Cache", path),
             peak_flops_per_s={Dtype.FP32: fp32},
+            fp32_matrix_flops_per_s=matrix,
             neusight_names=(name,),
             sources=(f"NeuSight device sheet {path.name}",),
         )

@@ -2,7 +2,8 @@
 
 A label ``labels/<GPU>/<model>-<inf|train>-<seq>-<batch>.json`` holds measured HF-eager FP32
 latencies in ms. The GPU folder name is the device name with spaces replaced by ``_``;
-folders whose device has no catalog entry (MI250) are skipped with a reason. Fused
+a device with no catalog entry (MI250) is read from its NeuSight device sheet, and a folder
+with neither is skipped with a reason. Fused
 (``-fusion``) and multi-GPU (``-dp4``, ``-tp4``, ``-pp4_1``) runs are out of scope here.
 """
 
@@ -63,9 +64,16 @@ class PreparedRun:
 
 
 def _folder_gpu(folder: Path) -> GPUSpec | None:
-    """The GPU of a label folder (its device name, spaces as ``_``); None if not in the catalog."""
+    """The GPU of a label folder (its device name, spaces as ``_``): the catalog's, else the
+    NeuSight device sheet of the same name (``devices/<folder>.json``: the MI250, one GCD, is
+    in no catalog source), as a user without a catalog entry would run it; None if neither."""
     try:
         return load_gpu(folder.name.replace("_", " "))
+    except GPUError:
+        pass
+    sheet = folder.parent.parent / "devices" / f"{folder.name}.json"
+    try:
+        return load_gpu(sheet) if sheet.is_file() else None
     except GPUError:
         return None
 
@@ -99,7 +107,7 @@ def load_labels(data_dir: Path) -> tuple[list[Label], dict[str, str]]:
     for folder in sorted((data_dir / "labels").iterdir()):
         gpu = _folder_gpu(folder)
         if gpu is None:
-            skipped[folder.name] = "no catalog entry for this device"
+            skipped[folder.name] = "no catalog entry or device sheet for this device"
             continue
         for path in sorted(folder.glob("*.json")):
             m = RUN_NAME.match(path.stem)
@@ -161,8 +169,9 @@ def prepare(labels: list[Label], data_dir: Path, latency_model: LatencyModel) ->
         if lab.model not in models:
             models[lab.model] = load_model(lab.model, data_dir=data_dir)
         by_gpu.setdefault(lab.gpu_id, []).append((lab, build_ops(models[lab.model], lab.run)))
-    for gpu_id, items in by_gpu.items():
-        gpu: GPUSpec = load_gpu(gpu_id)
+    for items in by_gpu.values():
+        gpu = _folder_gpu(data_dir / "labels" / items[0][0].gpu_folder)
+        assert gpu is not None  # `load_labels` kept only folders with a GPU
         kernels = set().union(*(g.kernels() for _, g in items))
         table = stream_table(kernels, gpu, latency_model)
         out += [PreparedRun(lab, g, table) for lab, g in items]
