@@ -1,7 +1,9 @@
 """The roofline baseline: latency = max(FLOPs / peak, bytes / bandwidth).
 
 Spec-sheet peaks at the boost clock, minimum DRAM traffic, no tiles, no launch cost. It is
-the baseline every learned model must beat, and the test double of the MLP model.
+the baseline every learned model must beat, and the test double of the MLP model. An FP32 GEMM
+on an AMD GPU is read against the matrix-core (MFMA) FP32 peak that rocBLAS runs it on, as the
+tile model reads it (`features.gemm_rate_flops_per_s`), not the vector peak.
 """
 
 from __future__ import annotations
@@ -10,7 +12,21 @@ import numpy as np
 import numpy.typing as npt
 
 from forecast.gpus import GPUSpec
-from forecast.kernels import KernelSpec
+from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec
+
+
+def runs_on_matrix_fp32(gpu: GPUSpec, kernel: KernelSpec) -> bool:
+    """Whether a kernel is an FP32 GEMM on a GPU with a matrix FP32 peak (AMD's MFMA)."""
+    matrix = gpu.fp32_matrix_flops_per_s is not None
+    return matrix and kernel.family in GEMM_FAMILIES and kernel.dtype is Dtype.FP32
+
+
+def peak_flops_per_s(gpu: GPUSpec, kernel: KernelSpec) -> float:
+    """The catalog peak a kernel runs at: the matrix FP32 peak for an FP32 GEMM where the GPU
+    has one (`runs_on_matrix_fp32`), else the dtype's peak."""
+    if runs_on_matrix_fp32(gpu, kernel) and gpu.fp32_matrix_flops_per_s is not None:
+        return gpu.fp32_matrix_flops_per_s
+    return gpu.peak_for(kernel.dtype)
 
 
 class RooflineModel:
@@ -22,6 +38,6 @@ class RooflineModel:
         """Seconds per kernel, in input order."""
         out = np.empty(len(kernels), dtype=np.float64)
         for i, k in enumerate(kernels):
-            compute = k.flops() / gpu.peak_for(k.dtype)
+            compute = k.flops() / peak_flops_per_s(gpu, k)
             out[i] = max(compute, k.bytes() / gpu.hbm_bw_bytes_per_s)
         return out

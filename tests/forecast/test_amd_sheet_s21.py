@@ -1,7 +1,7 @@
 """An AMD NeuSight device sheet read on its own (no catalog entry for the device): its
 matrix-core FP32 rate (``SingleFLOPsMM``) is the GEMM peak, as the catalog's AMD entries give
 it, and whole-model validation scores a label folder of such a device (the MI250) through its
-sheet instead of skipping it."""
+sheet instead of skipping it. Roofline reads AMD FP32 GEMMs against that matrix peak too."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from forecast.dataset import load_measurements
+from forecast.evaluate import device_rows, unseen_devices, vendor_files
 from forecast.features import gemm_rate_flops_per_s
 from forecast.gpus import GPUError, load_gpu
-from forecast.kernels import Dtype
+from forecast.kernels import Dtype, KernelSpec, OpFamily
+from forecast.predict import load_latency_model
 from simulator.e2e_validate import load_labels
 
 NEUSIGHT = Path(__file__).resolve().parents[3] / "shared" / "data" / "neusight"
@@ -96,3 +99,30 @@ def test_the_neusight_mi250_labels_are_scored_through_their_sheet() -> None:
     assert skipped == {}
     mi250 = [lab for lab in labels if lab.gpu_folder == "AMD_Instinct_MI250"]
     assert len(mi250) == 16 and {lab.gpu_id for lab in mi250} == {"amd-instinct-mi250"}
+
+
+def test_roofline_reads_an_amd_fp32_gemm_against_the_matrix_peak(tmp_path: Path) -> None:
+    """As the tile model does: a large GEMM at the matrix rate; a row kernel and a GEMM on a
+    GPU without a matrix rate at the dtype's peak."""
+    roofline = load_latency_model("roofline")
+    gemm = KernelSpec(OpFamily.BMM, (1, 8192, 8192, 8192), Dtype.FP32)
+    mm = roofline.predict_s([gemm], load_gpu(_sheet(tmp_path)))[0]
+    vector = roofline.predict_s([gemm], load_gpu(_sheet(tmp_path, SingleFLOPsMM=None)))[0]
+    assert mm == pytest.approx(gemm.flops() / 38400e9, rel=1e-12)
+    assert vector == pytest.approx(gemm.flops() / 19200e9, rel=1e-12)
+    h100 = load_gpu("h100-sxm5-80gb")
+    assert roofline.predict_s([gemm], h100)[0] >= gemm.flops() / h100.peak_for(Dtype.FP32)
+
+
+def test_roofline_bounds_every_measured_amd_gemm_from_below() -> None:
+    """A roofline is a bound: no AMD FP32 GEMM row of the NeuSight data runs faster than it
+    (at the vector peak 20-77% of them did, up to 1.49x)."""
+    if not NEUSIGHT.is_dir():
+        pytest.skip(f"NeuSight data not found at {NEUSIGHT} (clone without ../shared)")
+    roofline = load_latency_model("roofline")
+    for family in ("bmm", "linear"):
+        rows = load_measurements(vendor_files(NEUSIGHT, family))
+        for device in unseen_devices(rows):
+            mine = device_rows(rows, device)
+            bound = roofline.predict_s(mine.kernels(), load_gpu(device))
+            assert (mine.frame["latency_s"].to_numpy() >= bound).all(), (family, device)
