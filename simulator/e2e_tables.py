@@ -8,6 +8,8 @@ README (between each table's markers; a test checks the README's copies are this
 3. Per GPU and family: the same kernel measured twice, a label trace's call time over the kernel
    tables' time for the identical shape; where it sits far from 1, labels and kernel data were
    measured under different conditions and no kernel model meets both.
+4. Per ``torch.compile``d run (``-fusion``): measured and forecast (framework ``hf-compile``)
+   times, and the compiled-over-eager ratio of each beside its eager twin's.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from simulator.e2e import FITTED, family_times_s
 from simulator.e2e_validate import (
     PreparedRun,
     load_labels,
+    predicted_e2e_ms,
     prepare,
     rel_errors,
     same_kernel_ratios,
@@ -43,7 +46,13 @@ class Table:
 E2E_BEGIN, E2E_END = "<!-- e2e-validation:begin -->", "<!-- e2e-validation:end -->"
 FAMILY_BEGIN, FAMILY_END = "<!-- e2e-families:begin -->", "<!-- e2e-families:end -->"
 SAME_BEGIN, SAME_END = "<!-- e2e-same-kernel:begin -->", "<!-- e2e-same-kernel:end -->"
-E2E_MARKERS = ((E2E_BEGIN, E2E_END), (FAMILY_BEGIN, FAMILY_END), (SAME_BEGIN, SAME_END))
+COMPILE_BEGIN, COMPILE_END = "<!-- e2e-compile:begin -->", "<!-- e2e-compile:end -->"
+E2E_MARKERS = (
+    (E2E_BEGIN, E2E_END),
+    (FAMILY_BEGIN, FAMILY_END),
+    (SAME_BEGIN, SAME_END),
+    (COMPILE_BEGIN, COMPILE_END),
+)
 
 
 def gpu_rows(runs: dict[str, list[PreparedRun]]) -> list[str]:
@@ -101,6 +110,37 @@ def family_rows(runs: dict[str, list[PreparedRun]]) -> list[str]:
     return rows
 
 
+def compiled_rows(compiled: Runs, eager: Runs) -> list[str]:
+    """Per compiled run: measured ms, our forecast's and roofline's signed error, and the
+    compiled / eager ratio measured and forecast (tile-mlp) against the eager twin run."""
+    rows = [
+        "| GPU | run | measured ms | ours ms | ours | roofline | compiled / eager: "
+        "measured, ours |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    twins = {_key(p): p for p in eager["tile-mlp"]}
+    ours, roof = compiled["tile-mlp"], compiled["roofline"]
+    e_ours, e_roof = rel_errors(ours, FITTED), rel_errors(roof, FITTED)
+    for i, p in enumerate(ours):
+        lab, twin = p.label, twins.get(_key(p))
+        run = f"{lab.model} {lab.run.mode} seq {lab.run.seq} batch {lab.run.batch}"
+        pred = predicted_e2e_ms(p, FITTED)
+        ratio = "-"
+        if twin is not None:
+            mine = pred / predicted_e2e_ms(twin, FITTED)
+            ratio = f"{lab.e2e_ms / twin.label.e2e_ms:.2f}, {mine:.2f}"
+        rows.append(
+            f"| {lab.gpu_id} | {run} | {lab.e2e_ms:.1f} | {pred:.1f} | {e_ours[i]:+.1%} | "
+            f"{e_roof[i]:+.1%} | {ratio} |"
+        )
+    return rows
+
+
+def _key(p: PreparedRun) -> tuple[str, str, int, int, str]:
+    lab = p.label
+    return lab.gpu_id, lab.model, lab.run.seq, lab.run.batch, lab.run.mode
+
+
 def same_kernel_rows(ratios: dict[str, dict[str, np.ndarray]]) -> list[str]:
     """Per GPU and family: rows matched, and the median (p10-p90) of trace / table time."""
     head = " | ".join(TABLED)
@@ -123,16 +163,17 @@ def same_kernel_rows(ratios: dict[str, dict[str, np.ndarray]]) -> list[str]:
 Runs = dict[str, list[PreparedRun]]  # latency model -> every labelled run, same order
 
 
-def e2e_runs(data_dir: Path) -> tuple[Runs, dict[str, str]]:
-    """Every labelled run prepared under tile-mlp and roofline, and the label folders
-    skipped with their reason."""
-    labels, skipped = load_labels(data_dir)
+def e2e_runs(data_dir: Path, *, compiled: bool = False) -> tuple[Runs, dict[str, str]]:
+    """Every labelled eager run (or with ``compiled`` every ``torch.compile``d one) prepared
+    under tile-mlp and roofline, and the label folders skipped with their reason."""
+    labels, skipped = load_labels(data_dir, compiled=compiled)
     runs = {k: prepare(labels, data_dir, load_latency_model(k)) for k in ("tile-mlp", "roofline")}
     return runs, skipped
 
 
 def e2e_tables(data_dir: Path, runs: Runs) -> list[Table]:
-    """The three tables of ``runs`` (from `e2e_runs` of the same ``data_dir``)."""
+    """The four tables of ``runs`` (from `e2e_runs` of the same ``data_dir``; the fourth
+    prepares the compiled runs itself)."""
     return [
         Table(
             "Whole-model e2e error per GPU",
@@ -153,5 +194,12 @@ def e2e_tables(data_dir: Path, runs: Runs) -> list[Table]:
             SAME_BEGIN,
             SAME_END,
             "\n".join(same_kernel_rows(same_kernel_ratios(data_dir))),
+        ),
+        Table(
+            "torch.compile runs (framework hf-compile): measured against forecast, and the "
+            "compiled / eager ratio of each",
+            COMPILE_BEGIN,
+            COMPILE_END,
+            "\n".join(compiled_rows(e2e_runs(data_dir, compiled=True)[0], runs)),
         ),
     ]

@@ -3,8 +3,9 @@
 A label ``labels/<GPU>/<model>-<inf|train>-<seq>-<batch>.json`` holds measured HF-eager FP32
 latencies in ms. The GPU folder name is the device name with spaces replaced by ``_``;
 a device with no catalog entry (MI250) is read from its NeuSight device sheet, and a folder
-with neither is skipped with a reason. Fused
-(``-fusion``) and multi-GPU (``-dp4``, ``-tp4``, ``-pp4_1``) runs are out of scope here.
+with neither is skipped with a reason. ``torch.compile``d runs (``-fusion``) are read apart
+(``load_labels(compiled=True)``, framework ``hf-compile``) and never fitted on; multi-GPU
+runs (``-dp4``, ``-tp4``, ``-pp4_1``) are `dist_validate`'s.
 """
 
 from __future__ import annotations
@@ -100,23 +101,33 @@ def read_label(path: Path, times: tuple[str, ...] = LABEL_TIMES) -> dict[str, An
     return raw
 
 
-def load_labels(data_dir: Path) -> tuple[list[Label], dict[str, str]]:
-    """All single-GPU labels, and the skipped GPU folders with their reason."""
+def load_labels(data_dir: Path, *, compiled: bool = False) -> tuple[list[Label], dict[str, str]]:
+    """All single-GPU labels of eager runs (HF eager; or with ``compiled`` the ``-fusion``
+    runs, ``torch.compile``d: framework ``hf-compile``, no per-op trace), and the skipped GPU
+    folders with their reason."""
     labels: list[Label] = []
     skipped: dict[str, str] = {}
+    suffix, framework = ("-fusion", "hf-compile") if compiled else ("", "hf-eager")
     for folder in sorted((data_dir / "labels").iterdir()):
         gpu = _folder_gpu(folder)
         if gpu is None:
             skipped[folder.name] = "no catalog entry or device sheet for this device"
             continue
-        for path in sorted(folder.glob("*.json")):
-            m = RUN_NAME.match(path.stem)
-            if m is None:
+        for path in sorted(folder.glob(f"*{suffix}.json")):
+            m = RUN_NAME.match(path.stem.removesuffix(suffix))
+            if m is None or not path.stem.endswith(suffix):
                 continue
             raw = read_label(path)
-            run = Workload(batch=int(m["batch"]), seq=int(m["seq"]), mode=m["mode"])  # type: ignore[arg-type]
+            run = Workload(
+                batch=int(m["batch"]),
+                seq=int(m["seq"]),
+                mode=m["mode"],  # type: ignore[arg-type]
+                framework=framework,  # type: ignore[arg-type]
+            )
             model = MODEL_ALIASES.get(m["model"], m["model"])
-            trace = trace_family_ms(path.with_suffix(".csv.gz"), int(raw.get("num_layer") or 0))
+            trace = None
+            if not compiled:
+                trace = trace_family_ms(path.with_suffix(".csv.gz"), int(raw.get("num_layer") or 0))
             labels.append(
                 Label(
                     gpu.id,

@@ -38,7 +38,7 @@ class Phase(StrEnum):
     OPTIMIZER = "optimizer"
 
 
-Framework = Literal["hf-eager", "megatron"]
+Framework = Literal["hf-eager", "hf-compile", "megatron"]
 
 
 def te_fp8(dtype: Dtype, framework: Framework) -> bool:
@@ -177,11 +177,13 @@ InventoryFn = Callable[[ModelSpec, Workload], tuple[Block, ...]]
 
 
 def _inventories() -> dict[tuple[str, str], InventoryFn]:
+    from simulator.inventory_compile import COMPILE_INVENTORIES
     from simulator.inventory_hf import HF_INVENTORIES
     from simulator.inventory_megatron import MEGATRON_INVENTORIES
 
     return {
         **{("hf-eager", a): f for a, f in HF_INVENTORIES.items()},
+        **{("hf-compile", a): f for a, f in COMPILE_INVENTORIES.items()},
         **{("megatron", a): f for a, f in MEGATRON_INVENTORIES.items()},
     }
 
@@ -202,7 +204,7 @@ def inventory(model: ModelSpec, run: Workload) -> tuple[Block, ...]:
         raise ConfigError(f"no {run.framework} inventory for {model.architecture}; have: {have}")
     if model.num_experts > 1 and key in _DENSE_ONLY:
         raise ConfigError(
-            f"model: {model.id} has num_experts = {model.num_experts}, but the hf-eager "
+            f"model: {model.id} has num_experts = {model.num_experts}, but the {run.framework} "
             f"{model.architecture} inventory has no expert layers (its forecast would leave "
             "them out); use framework megatron, architecture mixtral, or num_experts = 1"
         )
@@ -212,7 +214,7 @@ def inventory(model: ModelSpec, run: Workload) -> tuple[Block, ...]:
 KV_CACHE_ARCHITECTURES = frozenset({"gpt2", "opt", "llama", "mixtral"})
 
 # hf-eager inventories of dense models: experts would be counted in memory but not run
-_DENSE_ONLY = {("hf-eager", a) for a in ("gpt2", "bert", "opt")}
+_DENSE_ONLY = {(f, a) for f in ("hf-eager", "hf-compile") for a in ("gpt2", "bert", "opt")}
 
 
 def _param_shapes(blocks: tuple[Block, ...]) -> list[tuple[tuple[int, int], int]]:

@@ -44,7 +44,11 @@ def _add_predict(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         choices=["inf", "train"],
         help="inference pass or training step (required without --runs)",
     )
-    p.add_argument("--framework", help="hf-eager (default) | megatron; not with --module")
+    p.add_argument(
+        "--framework",
+        help="hf-eager (default) | hf-compile (torch.compile inference: GPT-2, BERT, OPT) | "
+        "megatron; not with --module",
+    )
     p.add_argument(
         "--dtype", help="fp32 (default), tf32, bf16, fp16, fp8; not with --module (its parameters')"
     )

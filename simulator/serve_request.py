@@ -8,13 +8,15 @@ flag, a request that cannot be forecast. `serve.forecast_passes` prices the pass
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from forecast.kernels import Dtype
 from simulator.errors import ConfigError
 from simulator.models import MAX_SEQ, ModelSpec
-from simulator.opgraph import MAX_TOKENS, Framework, Workload
+from simulator.opgraph import MAX_TOKENS, Workload
 from topologies import Cluster
 
 
@@ -26,7 +28,8 @@ class ServeRequest(BaseModel):
     batch: int = Field(gt=0, strict=True)
     prompt: int = Field(gt=0, strict=True)  # tokens per prompt
     gen: int = Field(gt=0, strict=True)  # tokens generated per sequence (the first by prefill)
-    framework: Framework = "megatron"
+    # not hf-compile: generation under torch.compile is not modelled (`inventory_compile`)
+    framework: Literal["megatron", "hf-eager"] = "megatron"
     dtype: Dtype = Dtype.BF16
     tp: int = Field(default=1, gt=0, strict=True)  # GPUs of one server sharing each layer
 

@@ -36,8 +36,8 @@ def add_validate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
         "--readme",
         type=path_arg,
         default=None,
-        help="rewrite the README's three e2e tables (per GPU, per op family, kernels measured "
-        "twice), all or none",
+        help="rewrite the README's four e2e tables (per GPU, per op family, kernels measured "
+        "twice, torch.compile runs), all or none",
     )
     e.add_argument(
         "--plot", type=path_arg, default=None, help="draw predicted vs measured (PNG, PDF, SVG ...)"
@@ -53,7 +53,7 @@ def _validate_e2e(args: argparse.Namespace) -> int:
         figure_path(args.plot, "--plot")
     if not (args.data / "labels").is_dir():
         raise ConfigError(f"--data {args.data}: no labels folder; give the NeuSight data folder")
-    if args.readme is not None:  # before the minutes of work, and all three tables or none
+    if args.readme is not None:  # before the minutes of work, and all four tables or none
         check_readme(args.readme, E2E_MARKERS)
     runs, skipped = e2e_runs(args.data)
     tables = e2e_tables(args.data, runs)

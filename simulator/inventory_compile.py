@@ -1,0 +1,163 @@
+"""Op inventories of Hugging Face models under ``torch.compile`` (TorchInductor), inference.
+
+Inductor keeps the GEMMs as library calls (cuBLAS ``mm``/``addmm``/``bmm``: the eager
+kernels) and generates one Triton kernel for each run of other ops between them, fusing
+element-wise producers into the reduction that reads them. So, against `inventory_hf`:
+
+* the attention's scale and mask fuse into its softmax: one softmax kernel of the scores;
+* a residual add fuses into the layer norm that reads its sum: one layer-norm kernel that
+  reads both addends and writes what is read later (pre-norm: the sum and the normalised
+  output, 2 reads and 2 writes; post-norm: the normalised output only, 2 reads and 1 write),
+  priced as a layer norm of ``(reads + writes) / 2`` times the rows, the bytes it moves (as
+  `oprules.layernorm` prices its backward);
+* the token and position gathers and their add fuse into the first layer norm that reads
+  them (GPT-2, OPT: the first layer's; BERT: the embedding's own, 3 reads and 1 write);
+* an activation's chain of element-wise kernels (GPT-2's ``gelu_new``, eight in eager) is one
+  unary element-wise kernel; a scale before a head-split copy fuses into that copy;
+* the permute copies that feed a GEMM (the head merge, OPT's head splits) stay copies.
+
+Dropout launches nothing in inference. Training under ``torch.compile`` (AOTAutograd's fused
+backward) and generation with a KV cache are not modelled: the measured compiled runs
+(NeuSight's ``-fusion`` labels) are single inference passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from simulator import oprules as r
+from simulator.errors import ConfigError
+from simulator.inventory_hf import Sizes, sizes
+from simulator.models import ModelSpec
+from simulator.opgraph import Block, Workload
+from simulator.oprules import FrameworkOp
+
+
+def fused_layernorm(name: str, z: Sizes, reads: int, writes: int) -> FrameworkOp:
+    """A layer norm with element-wise producers fused in: ``reads`` full-size inputs, ``writes``
+    full-size outputs, priced as a layer norm of ``(reads + writes) / 2 x T`` rows."""
+    return r.layernorm(name, z.T * (reads + writes) // 2, z.H, z.dt)
+
+
+def _attention(z: Sizes) -> list[FrameworkOp]:
+    """QK^T, the softmax with its scale and mask fused in, AV and the head-merge copy."""
+    bh = z.B * z.nh
+    return [
+        r.bmm("qk", (bh, z.S, z.d, z.keys), z.dt),
+        r.softmax("softmax", *z.scores, z.dt),
+        r.bmm("av", (bh, z.S, z.keys, z.d), z.dt),
+        r.memory("merge_heads", "copy", (z.T, z.nh * z.d), z.dt),
+    ]
+
+
+def _act(z: Sizes, op: str) -> FrameworkOp:
+    """The MLP's activation, one unary kernel (the operator `inventory_hf` runs for it)."""
+    return r.elementwise("act", op, (z.T, z.F), z.dt)
+
+
+def gpt2(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
+    """GPT2LMHeadModel (pre-norm): each layer norm reads a residual sum's two addends and
+    writes the sum and its output (the first layer's adds the token and position gathers;
+    the final norm, the last layer's MLP residual)."""
+    z = sizes(m, run)
+    layer = [
+        fused_layernorm("add_ln_1", z, reads=2, writes=2),
+        r.linear("c_attn", z.T, (z.H, 3 * z.H), z.dt),
+        *_attention(z),
+        r.linear("attn_c_proj", z.T, (z.H, z.H), z.dt),
+        fused_layernorm("add_ln_2", z, reads=2, writes=2),
+        r.linear("c_fc", z.T, (z.H, z.F), z.dt),
+        _act(z, "gelu"),
+        r.linear("mlp_c_proj", z.T, (z.F, z.H), z.dt),
+    ]
+    head = [
+        fused_layernorm("add_ln_f", z, reads=2, writes=1),
+        r.tie(r.linear("lm_head", z.logit_rows, (z.H, z.V), z.dt, bias=False), m.tied_embeddings),
+    ]
+    return (
+        Block("embed", ()),  # the gathers run inside the first layer's norm
+        Block("layer", tuple(layer), m.num_layers),
+        Block("head", tuple(head)),
+    )
+
+
+def bert(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
+    """BERT (post-norm): each layer norm reads the sublayer's output and the residual and
+    writes its output; the embedding's norm reads the three gathers. The inference head of
+    `inventory_hf.bert` (pooler, tanh, 2-way classifier)."""
+    z = sizes(m, run)
+    layer = [
+        *(r.linear(n, z.T, (z.H, z.H), z.dt) for n in ("query", "key", "value")),
+        *_attention(z),
+        r.linear("attn_out", z.T, (z.H, z.H), z.dt),
+        fused_layernorm("add_attn_ln", z, reads=2, writes=1),
+        r.linear("intermediate", z.T, (z.H, z.F), z.dt),
+        _act(z, "gelu"),
+        r.linear("output", z.T, (z.F, z.H), z.dt),
+        fused_layernorm("add_out_ln", z, reads=2, writes=1),
+    ]
+    embed = [fused_layernorm("embed_ln", z, reads=3, writes=1)]
+    head = [
+        r.linear("pooler", z.B, (z.H, z.H), z.dt),
+        r.elementwise("pooler_tanh", "tanh", (z.B, z.H), z.dt),
+        r.linear("classifier", z.B, (z.H, 2), z.dt),
+    ]
+    return (
+        Block("embed", tuple(embed)),
+        Block("layer", tuple(layer), m.num_layers),
+        Block("head", tuple(head)),
+    )
+
+
+def opt(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
+    """OPTForCausalLM (pre-norm, as GPT-2): separate q, k and v projections, each split into
+    heads by a copy (q's scale fused into its copy), the mask built once (one kernel of the
+    scores' rows per sequence), the mask add and clamp fused into the softmax."""
+    z = sizes(m, run)
+    e = m.embed_width
+    layer = [
+        fused_layernorm("add_attn_ln", z, reads=2, writes=2),
+        *(r.linear(f"{x}_proj", z.T, (z.H, z.H), z.dt) for x in "qkv"),
+        *(r.memory(f"split_{x}", "copy", (z.T, z.H), z.dt) for x in "qkv"),
+        *_attention(z),
+        r.linear("out_proj", z.T, (z.H, z.H), z.dt),
+        fused_layernorm("add_ffn_ln", z, reads=2, writes=2),
+        r.linear("fc1", z.T, (z.H, z.F), z.dt),
+        _act(z, "relu"),
+        r.linear("fc2", z.T, (z.F, z.H), z.dt),
+    ]
+    project_in = [r.linear("project_in", z.T, (e, z.H), z.dt, bias=False)] if e != z.H else []
+    project_out = [r.linear("project_out", z.T, (z.H, e), z.dt, bias=False)] if e != z.H else []
+    embed = [*project_in, r.memory("mask", "masked_fill", (z.B * z.S, z.keys), z.dt)]
+    head = [
+        fused_layernorm("add_final_ln", z, reads=2, writes=1),
+        *project_out,
+        r.tie(r.linear("lm_head", z.logit_rows, (e, z.V), z.dt, bias=False), m.tied_embeddings),
+    ]
+    return (
+        Block("embed", tuple(embed)),
+        Block("layer", tuple(layer), m.num_layers),
+        Block("head", tuple(head)),
+    )
+
+
+def _inference_only(
+    fn: Callable[[ModelSpec, Workload], tuple[Block, ...]],
+) -> Callable[[ModelSpec, Workload], tuple[Block, ...]]:
+    def checked(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
+        if run.mode != "inf" or run.kv_cache:
+            what = "training" if run.mode != "inf" else "generation with a KV cache"
+            raise ConfigError(
+                f"framework hf-compile models one torch.compile inference pass; {what} under "
+                "torch.compile is not modelled (use --mode inf, or framework hf-eager)"
+            )
+        return fn(m, run)
+
+    return checked
+
+
+COMPILE_INVENTORIES: dict[str, Callable[[ModelSpec, Workload], tuple[Block, ...]]] = {
+    "gpt2": _inference_only(gpt2),
+    "bert": _inference_only(bert),
+    "opt": _inference_only(opt),
+}
