@@ -1,4 +1,5 @@
-"""Op inventories of Hugging Face models under ``torch.compile`` (TorchInductor), inference.
+"""Op inventories of Hugging Face models under ``torch.compile`` (TorchInductor), inference:
+GPT-2, BERT, OPT and Llama (dense; eager attention, as the measured runs used).
 
 Inductor keeps the GEMMs as library calls (cuBLAS ``mm``/``addmm``/``bmm``: the eager
 kernels) and generates one Triton kernel for each run of other ops between them, fusing
@@ -11,10 +12,13 @@ element-wise producers into the reduction that reads them. So, against `inventor
   priced as a layer norm of ``(reads + writes) / 2`` times the rows, the bytes it moves (as
   `oprules.layernorm` prices its backward);
 * the token and position gathers and their add fuse into the first layer norm that reads
-  them (GPT-2, OPT: the first layer's; BERT: the embedding's own, 3 reads and 1 write);
+  them (GPT-2, OPT, Llama: the first layer's; BERT: the embedding's own, 3 reads and 1 write);
 * an activation's chain of element-wise kernels (GPT-2's ``gelu_new``, eight in eager) is one
-  unary element-wise kernel; a scale before a head-split copy fuses into that copy;
-* the permute copies that feed a GEMM (the head merge, OPT's head splits) stay copies.
+  unary element-wise kernel (Llama's SiLU(gate) x up, one binary kernel); a rotary embedding
+  (five kernels in eager) one unary kernel; a scale before a head-split copy fuses into that
+  copy;
+* the permute copies that feed a GEMM (the head merge, OPT's head splits, GQA's repeated keys
+  and values) stay copies.
 
 Dropout launches nothing in inference. Training under ``torch.compile`` (AOTAutograd's fused
 backward) and generation with a KV cache are not modelled: the measured compiled runs
@@ -141,6 +145,40 @@ def opt(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     )
 
 
+def llama(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
+    """LlamaForCausalLM in eager attention (pre-norm, as GPT-2; RMSNorm, a reduction like a
+    layer norm, priced as one): the rotary embedding of q and of k one kernel each, GQA's
+    repeated keys and values still copies, SiLU(gate) x up one kernel reading both."""
+    z = sizes(m, run)
+    qd, kvd = z.nh * z.d, z.kv * z.d
+    repeat_kv = [r.memory(f"repeat_{x}", "copy", (z.B * z.keys, qd), z.dt) for x in "kv"]
+    layer = [
+        fused_layernorm("add_input_norm", z, reads=2, writes=2),
+        r.linear("q_proj", z.T, (z.H, qd), z.dt, bias=False),
+        r.linear("k_proj", z.T, (z.H, kvd), z.dt, bias=False),
+        r.linear("v_proj", z.T, (z.H, kvd), z.dt, bias=False),
+        r.elementwise("rope_q", "mulu", (z.T, qd), z.dt),
+        r.elementwise("rope_k", "mulu", (z.T, kvd), z.dt),
+        *(repeat_kv if z.kv < z.nh else []),
+        *_attention(z),
+        r.linear("o_proj", z.T, (qd, z.H), z.dt, bias=False),
+        fused_layernorm("add_post_norm", z, reads=2, writes=2),
+        r.linear("gate_proj", z.T, (z.H, z.F), z.dt, bias=False),
+        r.linear("up_proj", z.T, (z.H, z.F), z.dt, bias=False),
+        r.elementwise("silu_mul", "mul", (z.T, z.F), z.dt),
+        r.linear("down_proj", z.T, (z.F, z.H), z.dt, bias=False),
+    ]
+    head = [
+        fused_layernorm("add_norm", z, reads=2, writes=1),
+        r.tie(r.linear("lm_head", z.logit_rows, (z.H, z.V), z.dt, bias=False), m.tied_embeddings),
+    ]
+    return (
+        Block("embed", ()),  # the token gather runs inside the first layer's norm
+        Block("layer", tuple(layer), m.num_layers),
+        Block("head", tuple(head)),
+    )
+
+
 def _inference_only(
     fn: Callable[[ModelSpec, Workload], tuple[Block, ...]],
 ) -> Callable[[ModelSpec, Workload], tuple[Block, ...]]:
@@ -160,4 +198,5 @@ COMPILE_INVENTORIES: dict[str, Callable[[ModelSpec, Workload], tuple[Block, ...]
     "gpt2": _inference_only(gpt2),
     "bert": _inference_only(bert),
     "opt": _inference_only(opt),
+    "llama": _inference_only(llama),
 }

@@ -206,15 +206,20 @@ def inventory(model: ModelSpec, run: Workload) -> tuple[Block, ...]:
         raise ConfigError(
             f"model: {model.id} has num_experts = {model.num_experts}, but the {run.framework} "
             f"{model.architecture} inventory has no expert layers (its forecast would leave "
-            "them out); use framework megatron, architecture mixtral, or num_experts = 1"
+            f"them out); use {_WITH_EXPERTS[run.framework]}, or num_experts = 1"
         )
     return table[key](model, run)
 
 
 KV_CACHE_ARCHITECTURES = frozenset({"gpt2", "opt", "llama", "mixtral"})
 
-# hf-eager inventories of dense models: experts would be counted in memory but not run
-_DENSE_ONLY = {(f, a) for f in ("hf-eager", "hf-compile") for a in ("gpt2", "bert", "opt")}
+# inventories of dense models: experts would be counted in memory but not run
+_DENSE_ONLY = {("hf-eager", a) for a in ("gpt2", "bert", "opt")}
+_DENSE_ONLY |= {("hf-compile", a) for a in ("gpt2", "bert", "opt", "llama")}
+_WITH_EXPERTS = {
+    "hf-eager": "framework megatron, architecture mixtral",
+    "hf-compile": "framework hf-eager or megatron with architecture mixtral",
+}
 
 
 def _param_shapes(blocks: tuple[Block, ...]) -> list[tuple[tuple[int, int], int]]:

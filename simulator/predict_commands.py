@@ -46,7 +46,7 @@ def _add_predict(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p.add_argument(
         "--framework",
-        help="hf-eager (default) | hf-compile (torch.compile inference: GPT-2, BERT, OPT) | "
+        help="hf-eager (default) | hf-compile (torch.compile inference: GPT-2, BERT, OPT, Llama) | "
         "megatron; not with --module",
     )
     p.add_argument(

@@ -50,10 +50,17 @@ def _launches(g: OpGraph, families: frozenset[OpFamily] | set[OpFamily]) -> Coun
     return out
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "bert", "opt"])
-def test_compiled_runs_the_eager_gemms_and_fewer_other_kernels(arch: str) -> None:
+LLAMA = {"architecture": "llama", "activation": "swiglu", "norm": "rmsnorm", "num_kv_heads": 2}
+
+
+@pytest.mark.parametrize(
+    "update",
+    [{"architecture": "gpt2"}, {"architecture": "bert"}, {"architecture": "opt"}, LLAMA],
+    ids=["gpt2", "bert", "opt", "llama-gqa"],
+)
+def test_compiled_runs_the_eager_gemms_and_fewer_other_kernels(update: dict[str, object]) -> None:
     """The same GEMM and bmm launches as eager; fewer launches and fewer bytes of the rest."""
-    model = GPT2.model_copy(update={"architecture": arch, "id": arch})
+    model = GPT2.model_copy(update=update)
     eager, comp = _graph(model, "hf-eager"), _graph(model, "hf-compile")
     assert _launches(comp, GEMM_FAMILIES) == _launches(eager, GEMM_FAMILIES)
     rest = set(OpFamily) - set(GEMM_FAMILIES)
@@ -110,14 +117,15 @@ def test_training_and_generation_are_refused_naming_the_way_out(
 
 
 def test_an_architecture_without_a_compiled_inventory_names_those_that_have_one() -> None:
-    llama = GPT2.model_copy(update={"architecture": "llama", "activation": "swiglu"})
-    with pytest.raises(
-        ConfigError, match=r"no hf-compile inventory for llama; have: .*hf-compile/gpt2"
-    ):
-        _graph(llama, "hf-compile")
-    moe = GPT2.model_copy(update={"num_experts": 4, "experts_per_token": 2})
-    with pytest.raises(ConfigError, match="but the hf-compile gpt2 inventory has no expert"):
-        _graph(moe, "hf-compile")
+    experts = {"num_experts": 4, "experts_per_token": 2}
+    mixtral = GPT2.model_copy(update={**LLAMA, **experts, "architecture": "mixtral"})
+    have = r"have: .*hf-compile/gpt2, hf-compile/llama, hf-compile/opt, hf-eager"
+    with pytest.raises(ConfigError, match=f"no hf-compile inventory for mixtral; {have}"):
+        _graph(mixtral, "hf-compile")
+    for arch in ({}, LLAMA):
+        moe = GPT2.model_copy(update={**arch, **experts})
+        with pytest.raises(ConfigError, match=r"has no expert .* use framework hf-eager or"):
+            _graph(moe, "hf-compile")
 
 
 def test_predict_cli_runs_hf_compile_and_serve_refuses_it(
