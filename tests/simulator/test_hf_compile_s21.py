@@ -24,18 +24,10 @@ from simulator.e2e_validate import load_labels, prepare
 from simulator.errors import ConfigError
 from simulator.models import ModelSpec, load_model
 from simulator.opgraph import Framework, OpGraph, Phase, Workload, build_ops
+from tests.support import SMALL_GPT2
 
-GPT2 = ModelSpec(
-    id="gpt2-test",
-    architecture="gpt2",
-    num_layers=3,
-    hidden_size=256,
-    num_heads=4,
-    ffn_hidden_size=1024,
-    vocab_size=1000,
-    max_positions=512,
-    activation="gelu_new",
-)
+GPT2 = SMALL_GPT2
+H, F = GPT2.hidden_size, GPT2.ffn_hidden_size
 
 
 def _graph(model: ModelSpec, framework: str, **kw: object) -> OpGraph:
@@ -91,16 +83,16 @@ def test_a_gpt2_layer_is_eleven_kernels_with_the_residual_adds_in_its_norms() ->
         if op.kernel.family is OpFamily.LAYERNORM:
             norms[op.kernel.dims] += op.count
     # two a layer (2 reads + 2 writes) and the final one (2 reads + 1 write)
-    assert norms == {(2 * tokens, 256): 6, (3 * tokens // 2, 256): 1}
+    assert norms == {(2 * tokens, H): 2 * GPT2.num_layers, (3 * tokens // 2, H): 1}
     (act,) = [op.kernel for op in layer if op.kernel.family is OpFamily.ELEMENTWISE]
-    assert act.dims == (tokens, 1024) and act.op == "gelu"
+    assert act.dims == (tokens, F) and act.op == "gelu"
 
 
 def test_a_bert_embedding_is_one_norm_over_its_three_gathers() -> None:
     bert = GPT2.model_copy(update={"architecture": "bert", "id": "bert", "activation": "gelu"})
     embed = [op for op in _graph(bert, "hf-compile").ops if op.name.startswith("embed.")]
     assert [(op.kernel.family, op.kernel.dims) for op in embed] == [
-        (OpFamily.LAYERNORM, (2 * 256, 256))
+        (OpFamily.LAYERNORM, (2 * 256, H))
     ]
 
 
@@ -147,7 +139,7 @@ def test_compiled_forecast_is_below_eager_on_a_memory_bound_model() -> None:
     element-wise kernels weigh (a narrow model with long sequences)."""
     gpu, lat = load_gpu("l4"), load_latency_model("roofline")
     frameworks: tuple[Framework, ...] = ("hf-eager", "hf-compile")
-    runs = [Workload(batch=2, seq=512, mode="inf", framework=f) for f in frameworks]
+    runs = [Workload(batch=2, seq=256, mode="inf", framework=f) for f in frameworks]
     eager, comp = (predict_run(GPT2, gpu, r, lat).e2e_ms for r in runs)
     assert comp < 0.9 * eager
 
