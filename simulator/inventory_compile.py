@@ -17,8 +17,18 @@ element-wise producers into the reduction that reads them. So, against `inventor
   unary element-wise kernel (Llama's SiLU(gate) x up, one binary kernel); a rotary embedding
   (five kernels in eager) one unary kernel; a scale before a head-split copy fuses into that
   copy;
-* the permute copies that feed a GEMM (the head merge, OPT's head splits, GQA's repeated keys
-  and values) stay copies.
+* the permute copies that feed a ``bmm`` stay copies: the head splits of q, k and v (``bmm``
+  needs one matrix per sequence and head; GPT-2's three, all read from its fused projection,
+  in one kernel; Llama's q and k written so by their rotary kernels), GQA's repeated keys and
+  values, and the head merge before the output projection.
+
+Checked against Inductor itself (`benchmarks/inductor_inventory.py`: torch 2.13, CPU backend,
+which makes the same layout and fusion choices) on `examples/gpt2_module.py`: the same
+``addmm``/``mm`` and ``bmm`` calls and as many generated kernels (a layer's six), Inductor
+copying q and k in one kernel and v inside the softmax kernel where we copy all three in one.
+Newer Inductor also rewrites BERT's attention (scores, scale, mask add, softmax, AV) into one
+``scaled_dot_product_attention`` call (its pattern matcher, on the same check); NeuSight's
+runs used PyTorch 2.1.0, and that rewrite is not modelled.
 
 Dropout launches nothing in inference. Training under ``torch.compile`` (AOTAutograd's fused
 backward) and generation with a KV cache are not modelled: the measured compiled runs
@@ -41,6 +51,13 @@ def fused_layernorm(name: str, z: Sizes, reads: int, writes: int) -> FrameworkOp
     """A layer norm with element-wise producers fused in: ``reads`` full-size inputs, ``writes``
     full-size outputs, priced as a layer norm of ``(reads + writes) / 2 x T`` rows."""
     return r.layernorm(name, z.T * (reads + writes) // 2, z.H, z.dt)
+
+
+def _split_heads(z: Sizes, *names: str) -> list[FrameworkOp]:
+    """The copies that lay a projection's output out for ``bmm`` (one matrix per sequence and
+    head): one kernel for projections read from one tensor (GPT-2's q, k, v of its fused
+    projection: Inductor fuses kernels that read the same buffer), one each otherwise."""
+    return [r.memory(f"split_{n}", "copy", (z.T, z.nh * z.d * len(n)), z.dt) for n in names]
 
 
 def _attention(z: Sizes) -> list[FrameworkOp]:
@@ -67,6 +84,7 @@ def gpt2(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     layer = [
         fused_layernorm("add_ln_1", z, reads=2, writes=2),
         r.linear("c_attn", z.T, (z.H, 3 * z.H), z.dt),
+        *_split_heads(z, "qkv"),
         *_attention(z),
         r.linear("attn_c_proj", z.T, (z.H, z.H), z.dt),
         fused_layernorm("add_ln_2", z, reads=2, writes=2),
@@ -92,6 +110,7 @@ def bert(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     z = sizes(m, run)
     layer = [
         *(r.linear(n, z.T, (z.H, z.H), z.dt) for n in ("query", "key", "value")),
+        *_split_heads(z, "q", "k", "v"),
         *_attention(z),
         r.linear("attn_out", z.T, (z.H, z.H), z.dt),
         fused_layernorm("add_attn_ln", z, reads=2, writes=1),
@@ -122,7 +141,7 @@ def opt(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     layer = [
         fused_layernorm("add_attn_ln", z, reads=2, writes=2),
         *(r.linear(f"{x}_proj", z.T, (z.H, z.H), z.dt) for x in "qkv"),
-        *(r.memory(f"split_{x}", "copy", (z.T, z.H), z.dt) for x in "qkv"),
+        *_split_heads(z, "q", "k", "v"),
         *_attention(z),
         r.linear("out_proj", z.T, (z.H, z.H), z.dt),
         fused_layernorm("add_ffn_ln", z, reads=2, writes=2),
@@ -147,8 +166,9 @@ def opt(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
 
 def llama(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     """LlamaForCausalLM in eager attention (pre-norm, as GPT-2; RMSNorm, a reduction like a
-    layer norm, priced as one): the rotary embedding of q and of k one kernel each, GQA's
-    repeated keys and values still copies, SiLU(gate) x up one kernel reading both."""
+    layer norm, priced as one): the rotary embedding of q and of k one kernel each (writing
+    them laid out for ``bmm``), v's head split (or GQA's repeated keys and values) a copy,
+    SiLU(gate) x up one kernel reading both."""
     z = sizes(m, run)
     qd, kvd = z.nh * z.d, z.kv * z.d
     repeat_kv = [r.memory(f"repeat_{x}", "copy", (z.B * z.keys, qd), z.dt) for x in "kv"]
@@ -159,7 +179,7 @@ def llama(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
         r.linear("v_proj", z.T, (z.H, kvd), z.dt, bias=False),
         r.elementwise("rope_q", "mulu", (z.T, qd), z.dt),
         r.elementwise("rope_k", "mulu", (z.T, kvd), z.dt),
-        *(repeat_kv if z.kv < z.nh else []),
+        *(repeat_kv if z.kv < z.nh else _split_heads(z, "v")),
         *_attention(z),
         r.linear("o_proj", z.T, (qd, z.H), z.dt, bias=False),
         fused_layernorm("add_post_norm", z, reads=2, writes=2),

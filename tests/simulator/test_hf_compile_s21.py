@@ -62,18 +62,19 @@ def test_compiled_runs_the_eager_gemms_and_fewer_other_kernels(update: dict[str,
     assert {op.phase for op in comp.ops} == {Phase.FORWARD}
 
 
-def test_a_gpt2_layer_is_eleven_kernels_with_the_residual_adds_in_its_norms() -> None:
-    """Per layer: 4 linears, 2 bmm, one softmax, the head-merge copy, two layer norms that
-    read both addends and write the sum and the output (priced as 2T rows), one GeLU."""
+def test_a_gpt2_layer_is_twelve_kernels_with_the_residual_adds_in_its_norms() -> None:
+    """Per layer: 4 linears, 2 bmm, one softmax, two copies (the q, k, v head split in one
+    kernel, the head merge), two layer norms that read both addends and write the sum and the
+    output (priced as 2T rows), one GeLU."""
     g = _graph(GPT2, "hf-compile")
     layer = [op for op in g.ops if op.name.startswith("layer.")]
-    assert len(layer) == 11 and {op.count for op in layer} == {GPT2.num_layers}
+    assert len(layer) == 12 and {op.count for op in layer} == {GPT2.num_layers}
     fams = Counter(op.kernel.family for op in layer)
     assert fams == {
         OpFamily.LINEAR: 4,
         OpFamily.BMM: 2,
         OpFamily.SOFTMAX: 1,
-        OpFamily.MEMORY: 1,
+        OpFamily.MEMORY: 2,
         OpFamily.LAYERNORM: 2,
         OpFamily.ELEMENTWISE: 1,
     }
@@ -86,6 +87,24 @@ def test_a_gpt2_layer_is_eleven_kernels_with_the_residual_adds_in_its_norms() ->
     assert norms == {(2 * tokens, H): 2 * GPT2.num_layers, (3 * tokens // 2, H): 1}
     (act,) = [op.kernel for op in layer if op.kernel.family is OpFamily.ELEMENTWISE]
     assert act.dims == (tokens, F) and act.op == "gelu"
+
+
+def test_head_splits_are_one_copy_per_tensor_they_read() -> None:
+    """GPT-2's q, k and v come from one projection: one copy of all three (Inductor fuses
+    kernels reading one buffer); BERT's from three: three copies; Llama's q and k are laid
+    out by their rotary kernels, so only v (or GQA's repeats) is copied."""
+    tokens = 2 * 128
+
+    def splits(update: dict[str, object]) -> list[tuple[int, ...]]:
+        g = _graph(GPT2.model_copy(update=update), "hf-compile")
+        return [op.kernel.dims for op in g.ops if ".split_" in op.name]
+
+    assert splits({}) == [(tokens, 3 * H)]
+    assert splits({"architecture": "bert"}) == [(tokens, H)] * 3
+    assert splits({**LLAMA, "num_kv_heads": 0}) == [(tokens, H)]
+    gqa = _graph(GPT2.model_copy(update=LLAMA), "hf-compile")
+    assert not any(".split_" in op.name for op in gqa.ops)
+    assert sum(".repeat_" in op.name for op in gqa.ops) == 2
 
 
 def test_a_bert_embedding_is_one_norm_over_its_three_gathers() -> None:
