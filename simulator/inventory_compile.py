@@ -14,18 +14,19 @@ element-wise producers into the reduction that reads them. So, against `inventor
 * the token and position gathers and their add fuse into the first layer norm that reads
   them (GPT-2, OPT, Llama: the first layer's; BERT: the embedding's own, 3 reads and 1 write);
 * an activation's chain of element-wise kernels (GPT-2's ``gelu_new``, eight in eager) is one
-  unary element-wise kernel (Llama's SiLU(gate) x up, one binary kernel); a rotary embedding
-  (five kernels in eager) one unary kernel; a scale before a head-split copy fuses into that
-  copy;
+  unary element-wise kernel (Llama's SiLU(gate) x up, one binary kernel); the rotary
+  embeddings of q and k (ten kernels in eager) one unary kernel; a scale before a head-split
+  copy fuses into that copy;
 * the permute copies that feed a ``bmm`` stay copies: the head splits of q, k and v (``bmm``
   needs one matrix per sequence and head; GPT-2's three, all read from its fused projection,
   in one kernel; Llama's q and k written so by their rotary kernels), GQA's repeated keys and
   values, and the head merge before the output projection.
 
 Checked against Inductor itself (`benchmarks/inductor_inventory.py`: torch 2.13, CPU backend,
-which makes the same layout and fusion choices) on `examples/gpt2_module.py`: the same
-``addmm``/``mm`` and ``bmm`` calls and as many generated kernels (a layer's six), Inductor
-copying q and k in one kernel and v inside the softmax kernel where we copy all three in one.
+which makes the same layout and fusion choices) on `examples/gpt2_module.py` and a Llama of
+HF's eager attention: the same ``addmm``/``mm`` and ``bmm`` calls and as many generated
+kernels, the GPT-2's Inductor copying q and k in one kernel and v inside the softmax kernel
+where we copy all three in one.
 Newer Inductor also rewrites BERT's attention (scores, scale, mask add, softmax, AV) into one
 ``scaled_dot_product_attention`` call (its pattern matcher, on the same check); NeuSight's
 runs used PyTorch 2.1.0, and that rewrite is not modelled.
@@ -166,9 +167,12 @@ def opt(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
 
 def llama(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     """LlamaForCausalLM in eager attention (pre-norm, as GPT-2; RMSNorm, a reduction like a
-    layer norm, priced as one): the rotary embedding of q and of k one kernel each (writing
-    them laid out for ``bmm``), v's head split (or GQA's repeated keys and values) a copy,
-    SiLU(gate) x up one kernel reading both."""
+    layer norm, priced as one): the rotary embeddings of q and k one kernel (writing them laid
+    out for ``bmm``), v's head split (or GQA's repeated keys and values) a copy, SiLU(gate) x
+    up one kernel reading both. As Inductor compiles a lone Llama layer of eager attention
+    (torch 2.13, CPU backend, no pattern rewrites): the same ``mm`` and ``bmm`` calls and
+    these seven generated kernels, plus the last residual add, which in a stack of layers
+    fuses into the next one's norm."""
     z = sizes(m, run)
     qd, kvd = z.nh * z.d, z.kv * z.d
     repeat_kv = [r.memory(f"repeat_{x}", "copy", (z.B * z.keys, qd), z.dt) for x in "kv"]
@@ -177,8 +181,7 @@ def llama(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
         r.linear("q_proj", z.T, (z.H, qd), z.dt, bias=False),
         r.linear("k_proj", z.T, (z.H, kvd), z.dt, bias=False),
         r.linear("v_proj", z.T, (z.H, kvd), z.dt, bias=False),
-        r.elementwise("rope_q", "mulu", (z.T, qd), z.dt),
-        r.elementwise("rope_k", "mulu", (z.T, kvd), z.dt),
+        r.elementwise("rope_qk", "mulu", (z.T, qd + kvd), z.dt),
         *(repeat_kv if z.kv < z.nh else _split_heads(z, "v")),
         *_attention(z),
         r.linear("o_proj", z.T, (qd, z.H), z.dt, bias=False),
