@@ -1,5 +1,5 @@
 """Check `simulator.inventory_compile` against TorchInductor itself: compile the GPT-2 of
-``examples/gpt2_module.py`` and a Llama written here as HF's eager-attention one (eval mode,
+``examples/gpt2_module.py`` and a BERT and a Llama written here as HF's eager ones (eval mode,
 CPU backend: the same fusion and layout decisions as on a GPU, C++ kernels in place of
 Triton; no pattern rewrites, as PyTorch 2.1 left eager attention) and count the kernels one
 forward pass launches, beside the ``hf-compile`` inventory of the same shapes.
@@ -92,6 +92,44 @@ class Llama(nn.Module):
         return self.head(self.norm(x))
 
 
+class BertLayer(nn.Module):
+    """HF ``BertLayer`` (post-norm, an additive padding mask, eval mode)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(HIDDEN, HIDDEN) for _ in "qkvo")
+        self.fc1, self.fc2 = nn.Linear(HIDDEN, 4 * HIDDEN), nn.Linear(4 * HIDDEN, HIDDEN)
+        self.ln_1, self.ln_2 = nn.LayerNorm(HIDDEN), nn.LayerNorm(HIDDEN)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape[0], x.shape[1], HIDDEN // HEADS
+        q, k, v = (p(x).view(b, s, HEADS, d).permute(0, 2, 1, 3) for p in (self.q, self.k, self.v))
+        scores = torch.softmax(q @ k.transpose(-1, -2) / d**0.5 + mask, dim=-1)
+        x = self.ln_1(self.o((scores @ v).permute(0, 2, 1, 3).reshape(b, s, HIDDEN)) + x)
+        return self.ln_2(self.fc2(nn.functional.gelu(self.fc1(x))) + x)
+
+
+class Bert(nn.Module):
+    """HF ``BertForSequenceClassification``: three embeddings and their norm, layers, the
+    pooler over each sequence's first token and a 2-way classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.word, self.position = nn.Embedding(VOCAB, HIDDEN), nn.Embedding(POSITIONS, HIDDEN)
+        self.token_type, self.ln = nn.Embedding(2, HIDDEN), nn.LayerNorm(HIDDEN)
+        self.layers = nn.ModuleList(BertLayer() for _ in range(LAYERS))
+        self.pooler, self.classifier = nn.Linear(HIDDEN, HIDDEN), nn.Linear(HIDDEN, 2)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.word(tokens) + self.token_type(torch.zeros_like(tokens)) + self.position(positions)
+        x = self.ln(x)
+        mask = torch.zeros(tokens.shape[0], 1, 1, tokens.shape[1], device=tokens.device)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.classifier(torch.tanh(self.pooler(x[:, 0])))
+
+
 def inductor_launches(model: nn.Module) -> Counter[str]:
     """Library calls by name and generated kernels ("generated") of one compiled forward,
     without Inductor's attention rewrites (as PyTorch 2.1 left eager attention)."""
@@ -137,7 +175,7 @@ def ours(architecture: str) -> Counter[str]:
 def main() -> None:
     """Print both counts for each model."""
     config = GPT2Config(LAYERS, HIDDEN, HEADS, VOCAB, POSITIONS)
-    for name, model in (("gpt2", GPT2(config)), ("llama", Llama())):
+    for name, model in (("gpt2", GPT2(config)), ("bert", Bert()), ("llama", Llama())):
         theirs, mine = inductor_launches(model), ours(name)
         linear = theirs["addmm"] + theirs["mm"]
         same = (linear, theirs["bmm"], theirs["generated"]) == (

@@ -18,15 +18,16 @@ element-wise producers into the reduction that reads them. So, against `inventor
   embeddings of q and k (ten kernels in eager) one unary kernel; a scale before a head-split
   copy fuses into that copy;
 * the permute copies that feed a ``bmm`` stay copies: the head splits of q, k and v (``bmm``
-  needs one matrix per sequence and head; GPT-2's three, all read from its fused projection,
-  in one kernel; Llama's q and k written so by their rotary kernels), GQA's repeated keys and
+  needs one matrix per sequence and head; q and k in one kernel, v in another, GPT-2's
+  three, read from its fused projection, in one; Llama's q and k written so by their rotary
+  kernels), GQA's repeated keys and
   values, and the head merge before the output projection.
 
 Checked against Inductor itself (`benchmarks/inductor_inventory.py`: torch 2.13, CPU backend,
-which makes the same layout and fusion choices) on `examples/gpt2_module.py` and a Llama of
-HF's eager attention: the same ``addmm``/``mm`` and ``bmm`` calls and as many generated
-kernels, the GPT-2's Inductor copying q and k in one kernel and v inside the softmax kernel
-where we copy all three in one.
+which makes the same layout and fusion choices) on `examples/gpt2_module.py` and a BERT and a
+Llama of HF's eager attention: the same ``addmm``/``mm`` and ``bmm`` calls and as many
+generated kernels, the GPT-2's Inductor copying q and k in one kernel and v inside the
+softmax kernel where we copy all three in one.
 Newer Inductor also rewrites BERT's attention (scores, scale, mask add, softmax, AV) into one
 ``scaled_dot_product_attention`` call (its pattern matcher, on the same check); NeuSight's
 runs used PyTorch 2.1.0, and that rewrite is not modelled.
@@ -55,9 +56,9 @@ def fused_layernorm(name: str, z: Sizes, reads: int, writes: int) -> FrameworkOp
 
 
 def _split_heads(z: Sizes, *names: str) -> list[FrameworkOp]:
-    """The copies that lay a projection's output out for ``bmm`` (one matrix per sequence and
-    head): one kernel for projections read from one tensor (GPT-2's q, k, v of its fused
-    projection: Inductor fuses kernels that read the same buffer), one each otherwise."""
+    """The copies that lay projections' outputs out for ``bmm`` (one matrix per sequence and
+    head), one kernel per name: Inductor copies q and k in one kernel, v in another, and
+    GPT-2's three, read from its fused projection, in one."""
     return [r.memory(f"split_{n}", "copy", (z.T, z.nh * z.d * len(n)), z.dt) for n in names]
 
 
@@ -111,7 +112,7 @@ def bert(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     z = sizes(m, run)
     layer = [
         *(r.linear(n, z.T, (z.H, z.H), z.dt) for n in ("query", "key", "value")),
-        *_split_heads(z, "q", "k", "v"),
+        *_split_heads(z, "qk", "v"),
         *_attention(z),
         r.linear("attn_out", z.T, (z.H, z.H), z.dt),
         fused_layernorm("add_attn_ln", z, reads=2, writes=1),
@@ -134,15 +135,15 @@ def bert(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
 
 
 def opt(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
-    """OPTForCausalLM (pre-norm, as GPT-2): separate q, k and v projections, each split into
-    heads by a copy (q's scale fused into its copy), the mask built once (one kernel of the
+    """OPTForCausalLM (pre-norm, as GPT-2): separate q, k and v projections split into heads
+    as BERT's are (q's scale fused into the copy), the mask built once (one kernel of the
     scores' rows per sequence), the mask add and clamp fused into the softmax."""
     z = sizes(m, run)
     e = m.embed_width
     layer = [
         fused_layernorm("add_attn_ln", z, reads=2, writes=2),
         *(r.linear(f"{x}_proj", z.T, (z.H, z.H), z.dt) for x in "qkv"),
-        *_split_heads(z, "q", "k", "v"),
+        *_split_heads(z, "qk", "v"),
         *_attention(z),
         r.linear("out_proj", z.T, (z.H, z.H), z.dt),
         fused_layernorm("add_ffn_ln", z, reads=2, writes=2),
