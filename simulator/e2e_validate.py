@@ -115,7 +115,7 @@ def load_labels(data_dir: Path, *, compiled: bool = False) -> tuple[list[Label],
             continue
         for path in sorted(folder.glob(f"*{suffix}.json")):
             m = RUN_NAME.match(path.stem.removesuffix(suffix))
-            if m is None or not path.stem.endswith(suffix):
+            if m is None:
                 continue
             raw = read_label(path)
             run = Workload(
@@ -180,9 +180,9 @@ def prepare(labels: list[Label], data_dir: Path, latency_model: LatencyModel) ->
         if lab.model not in models:
             models[lab.model] = load_model(lab.model, data_dir=data_dir)
         by_gpu.setdefault(lab.gpu_id, []).append((lab, build_ops(models[lab.model], lab.run)))
-    for items in by_gpu.values():
-        gpu = _folder_gpu(data_dir / "labels" / items[0][0].gpu_folder)
-        assert gpu is not None  # `load_labels` kept only folders with a GPU
+    for gpu_id, items in by_gpu.items():
+        # the folder's GPU, a device sheet's where the catalog has none (`_folder_gpu`)
+        gpu = _folder_gpu(data_dir / "labels" / items[0][0].gpu_folder) or load_gpu(gpu_id)
         kernels = set().union(*(g.kernels() for _, g in items))
         table = stream_table(kernels, gpu, latency_model)
         out += [PreparedRun(lab, g, table) for lab, g in items]
