@@ -3,13 +3,16 @@
 Each function lists what ``transformers`` launches for the embedding, one layer and the
 head, in forward order, as read from the NeuSight per-operator traces (torch.fx nodes).
 ``host_ops`` is the trace's count of fx nodes per layer that launch no kernel.
-Attention scores are ``(B*heads*S, S)`` rows; views and permutes launch nothing.
+Attention scores are ``(B*heads*S, S)`` rows; views and permutes launch nothing, but
+``torch.matmul`` copies an operand that reaches it as a permuted view into the layout ``bmm``
+needs (`attention_core`'s ``copied``: the traces flag those inputs non-contiguous and time the
+copies inside the ``matmul`` node).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from forecast.kernels import Dtype
 from simulator import oprules as r
@@ -61,10 +64,17 @@ def sizes(m: ModelSpec, run: Workload) -> Sizes:
     )
 
 
-def attention_core(z: Sizes, *, mask_op: str, scale: bool = True) -> list[FrameworkOp]:
+def attention_core(
+    z: Sizes, *, mask_op: str, scale: bool = True, copied: str = ""
+) -> list[FrameworkOp]:
     """QK^T, scale (not in T5, which folds it into its initialisation), mask, softmax,
-    dropout, AV and the head-merge copy."""
+    dropout, AV and the head-merge copy. ``copied`` names the operands (of ``q``, ``k``,
+    ``v``) that reach ``torch.matmul`` as permuted views: it copies each into the
+    one-matrix-per-head layout ``bmm`` needs before the product (`_with_copies`)."""
     bh = z.B * z.nh
+    scores_in = "".join(x for x in copied if x in "qk")
+    qk = _with_copies(r.bmm("qk", (bh, z.S, z.d, z.keys), z.dt), z, scores_in)
+    av = _with_copies(r.bmm("av", (bh, z.S, z.keys, z.d), z.dt), z, copied.replace(scores_in, ""))
     masks = {
         # causal mask by torch.where over the scores
         "where": lambda: r.memory("mask", "masked_fill", z.scores, z.dt, bw_op="masked_fill"),
@@ -76,14 +86,30 @@ def attention_core(z: Sizes, *, mask_op: str, scale: bool = True) -> list[Framew
     }
     mask = masks[mask_op]()
     return [
-        r.bmm("qk", (bh, z.S, z.d, z.keys), z.dt),
+        qk,
         *([r.elementwise("scale", "divu", z.scores, z.dt)] if scale else []),
         mask,
         r.softmax("softmax", *z.scores, z.dt),
         r.dropout("attn_dropout", *z.scores, z.dt),
-        r.bmm("av", (bh, z.S, z.keys, z.d), z.dt),
+        av,
         r.memory("merge_heads", "copy", (z.T, z.nh * z.d), z.dt),
     ]
+
+
+def _with_copies(fop: FrameworkOp, z: Sizes, copied: str) -> FrameworkOp:
+    """``fop`` (a ``bmm``) with the copies of its operands named in ``copied`` before it, in
+    its forward (a trace times them inside the ``matmul`` node): q's ``T`` rows, k's and v's
+    ``B x keys``, the width of all heads. Keys and values concatenated with a KV cache
+    (`cache_append`) are laid out already, and so is a pass of one token a sequence (a decode
+    step: its heads need no permuting); neither is copied."""
+    rows = {"q": z.T, "k": z.B * z.keys, "v": z.B * z.keys}
+    cat = z.cache and z.keys != z.S
+    kernels = [
+        r.memory(f"{fop.name}_copy_{x}", "copy", (rows[x], z.nh * z.d), z.dt).fw[0]
+        for x in copied
+        if z.S > 1 and not (cat and x in "kv")
+    ]
+    return replace(fop, fw=(*fop.fw, *kernels))
 
 
 def cache_append(z: Sizes, kv_width: int) -> list[FrameworkOp]:
@@ -113,7 +139,7 @@ def gpt2(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
         r.layernorm("ln_1", z.T, z.H, z.dt),
         r.linear("c_attn", z.T, (z.H, 3 * z.H), z.dt),
         *cache_append(z, z.H),
-        *attention_core(z, mask_op="where"),
+        *attention_core(z, mask_op="where", copied="qkv"),
         r.linear("attn_c_proj", z.T, (z.H, z.H), z.dt),
         *_residual(z, "attn"),
         r.layernorm("ln_2", z.T, z.H, z.dt),
@@ -147,7 +173,7 @@ def bert(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     z = sizes(m, run)
     layer = [
         *(r.linear(n, z.T, (z.H, z.H), z.dt) for n in ("query", "key", "value")),
-        *attention_core(z, mask_op="add_row"),
+        *attention_core(z, mask_op="add_row", copied="qkv"),
         r.linear("attn_out", z.T, (z.H, z.H), z.dt),
         *_residual(z, "attn"),
         r.layernorm("attn_ln", z.T, z.H, z.dt),

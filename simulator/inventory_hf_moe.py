@@ -98,7 +98,7 @@ def llama(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
         *rope("rope_k", z.T, kvd, z.dt),
         *cache_append(z, kvd),
         *(repeat_kv if z.kv < z.nh else []),
-        *attention_core(z, mask_op="add_row"),
+        *attention_core(z, mask_op="add_row", copied="" if z.kv < z.nh else "v"),
         r.linear("o_proj", z.T, (qd, z.H), z.dt, bias=False),
         r.elementwise("attn_add", "add", (z.T, z.H), z.dt),
         *rmsnorm("post_norm", z.T, z.H, z.dt),
@@ -122,7 +122,7 @@ def _t5_attention(z: Sizes, tag: str) -> list[FrameworkOp]:
     return [
         *rmsnorm(f"{tag}_norm", z.T, z.H, z.dt),
         *(r.linear(f"{tag}_{x}", z.T, (z.H, hd), z.dt, bias=False) for x in "qkv"),
-        *attention_core(z, mask_op="add", scale=False),
+        *attention_core(z, mask_op="add", scale=False, copied="qkv"),
         r.linear(f"{tag}_o", z.T, (hd, z.H), z.dt, bias=False),
         r.dropout(f"{tag}_dropout", z.T, z.H, z.dt),
         r.elementwise(f"{tag}_add", "add", (z.T, z.H), z.dt),
