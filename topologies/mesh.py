@@ -37,12 +37,13 @@ def group_share(server: ServerSpec, local_sets: Iterable[Iterable[int]]) -> floa
     A node whose GPUs have no ring over direct links (DGX-1 GPUs 0 and 5: SYS in
     ``nvidia-smi topo -m``, no NVLink; NCCL routes through no GPU outside the group) falls back
     to the host path: every hop at most ``host_bw_bytes_per_s_per_dir`` (one PCIe x16 link a
-    direction). That is an upper bound, not a measurement: the DGX-1 path also crosses QPI
-    and NCCL stages it through host memory. Rings that mix direct links and the host path are
-    not summed with the direct ones: the larger of the two rates is taken.
+    direction) at ``host_efficiency``. That is an upper bound, not a measurement: the DGX-1
+    path also crosses QPI and NCCL stages it through host memory. Rings that mix direct links
+    and the host path are not summed with the direct ones: the larger of the two rates is
+    taken.
     """
     edges: Edges = tuple(sorted(server.pair_links().items()))
-    host = (server.host_bw_bytes_per_s_per_dir or 0.0) / server.intra.bw_bytes_per_s_per_dir
+    host = server.host_intra_equivalent_bytes_per_s / server.intra.bw_bytes_per_s_per_dir
     shares = []
     for gpus in local_sets:
         group = tuple(sorted(gpus))
@@ -65,7 +66,7 @@ def all_to_all_share(server: ServerSpec, local_sets: Iterable[Iterable[int]], pp
     share; the DGX-1's eight GPUs, three peers each on the host path, ``7 / 28.1``, not 1.
     """
     line = server.intra.bw_bytes_per_s_per_dir
-    host = server.host_bw_bytes_per_s_per_dir or 0.0
+    host = server.host_intra_equivalent_bytes_per_s
     links = server.pair_links()
     worst = 0.0
     for gpus in local_sets:

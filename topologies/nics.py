@@ -45,16 +45,14 @@ def nic_scale(spec: ClusterSpec, node: int, local: int) -> float:
 def pcie_link(server: ServerSpec) -> tuple[float, float] | None:
     """A GPU's PCIe x16 link where the server file gives one, as (line rate one direction,
     efficiency): the GPU's one link on a PCIe server, its ``[pcie]`` link on an NVSwitch or
-    mesh server, else a mesh's host path (DGX-1: PCIe 3.0, at its fabric's efficiency). A NIC's
+    mesh server, else a mesh's host path (DGX-1: PCIe 3.0, at its ``host_efficiency``). A NIC's
     own link to its PCIe switch is taken to be as fast. None where none is filed: the NIC is
     then not capped by PCIe."""
     if server.fabric == "pcie":
         return server.intra.bw_bytes_per_s_per_dir, server.intra.efficiency
     if server.pcie is not None:
         return server.pcie.bw_bytes_per_s_per_dir, server.pcie.efficiency
-    if server.host_bw_bytes_per_s_per_dir is not None:
-        return server.host_bw_bytes_per_s_per_dir, server.intra.efficiency
-    return None
+    return server.host_path
 
 
 def pcie_bw(server: ServerSpec) -> float | None:

@@ -105,6 +105,10 @@ class ServerSpec(_Frozen):
         description="a GPU's PCIe path to the host, one direction: what a ring between mesh "
         "GPUs with no direct link gets",
     )
+    host_efficiency: _Efficiency | None = Field(
+        default=None,
+        description="achieved rate / line rate of that PCIe path (default: the [intra] tier's)",
+    )
     launch_latency_s: _Latency = Field(description="fixed cost of one collective call")
     intra: LinkTier = Field(description="per-GPU bandwidth a ring can use inside the node")
     nvls: NVLSSpec | None = None
@@ -117,6 +121,23 @@ class ServerSpec(_Frozen):
     default_network: str | None = Field(description="network id of the compute NICs")
     max_nodes: _Int = Field(gt=0, description="largest vetted scale-out fabric for this server")
     sources: tuple[str, ...] = ()
+
+    @property
+    def host_path(self) -> tuple[float, float] | None:
+        """The mesh's host path (``host_bw_bytes_per_s_per_dir``) as (line rate one
+        direction, efficiency: ``host_efficiency``, else the [intra] tier's); None if none."""
+        if self.host_bw_bytes_per_s_per_dir is None:
+            return None
+        eff = self.host_efficiency or self.intra.efficiency
+        return self.host_bw_bytes_per_s_per_dir, eff
+
+    @property
+    def host_intra_equivalent_bytes_per_s(self) -> float:
+        """The host path's rate in the unit mesh shares of the [intra] line rate are read in
+        (they are priced at the [intra] efficiency): its achieved rate over that efficiency;
+        0.0 without a host path."""
+        path = self.host_path
+        return 0.0 if path is None else path[0] * path[1] / self.intra.efficiency
 
     @model_validator(mode="after")
     def _parts_fit(self) -> ServerSpec:
@@ -140,7 +161,7 @@ class ServerSpec(_Frozen):
             )
         if self.fabric == "mesh":
             self._mesh_fits()
-        for key in ("mesh_edges", "host_bw_bytes_per_s_per_dir"):
+        for key in ("mesh_edges", "host_bw_bytes_per_s_per_dir", "host_efficiency"):
             if self.fabric != "mesh" and getattr(self, key) is not None:
                 raise ValueError(
                     f'{key} is read only on fabric = "mesh" (GPUs joined by direct links); '

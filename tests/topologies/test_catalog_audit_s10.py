@@ -70,6 +70,7 @@ UNITLESS = {
     "num_sms", "fp32_lanes_per_sm", "fp32_dedicated_lanes_per_sm", "gpus_per_node",
     "links_per_gpu", "nics_per_node", "max_nodes", "num_nodes", "nodes_per_leaf",
     "efficiency", "oversubscription", "bw_scale", "node", "local_rank", "mesh_edges",
+    "host_efficiency",
 }  # fmt: skip
 SI_SUFFIXES = ("_hz", "_w", "_bytes", "_per_s", "_s", "_per_sm", "_nm", "_per_dir")
 NON_SI = ("gb", "gib", "mb", "mib", "kb", "mhz", "ghz", "tflops", "gbps", "_ms", "_us")

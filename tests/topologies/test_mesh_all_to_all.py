@@ -20,6 +20,7 @@ S = 2.0**30
 NVLINK2_LINK = 25e9  # bytes/s per direction of one NVLink2 link
 PCIE3_X16 = 16e9  # bytes/s per direction
 EFFICIENCY = 0.80  # the DGX-1 intra tier's efficiency
+HOST_EFFICIENCY = 0.76  # its PCIe 3.0 host path's (NCCL's Gen3 x16 figure)
 
 
 def _a2a_data_s(server: str, ranks: tuple[int, ...], gpus: int = 8) -> float:
@@ -36,15 +37,15 @@ def _a2a_data_s(server: str, ranks: tuple[int, ...], gpus: int = 8) -> float:
     ("ranks", "want_s"),
     [
         # GPU 0's peers 5, 6, 7 have no NVLink: 3 x S/8 over one x16 link, the bound
-        (tuple(range(8)), 3 * S / 8 / (PCIE3_X16 * EFFICIENCY)),
+        (tuple(range(8)), 3 * S / 8 / (PCIE3_X16 * HOST_EFFICIENCY)),
         # quad {0,1,2,3}: every GPU has a peer on a single link: S/4 over one link
         ((0, 1, 2, 3), S / 4 / (NVLINK2_LINK * EFFICIENCY)),
         # a pair on 2 links, a pair on 1, a pair on none (PCIe): S/2 over what joins them
         ((0, 4), S / 2 / (2 * NVLINK2_LINK * EFFICIENCY)),
         ((0, 1), S / 2 / (NVLINK2_LINK * EFFICIENCY)),
-        ((0, 5), S / 2 / (PCIE3_X16 * EFFICIENCY)),
+        ((0, 5), S / 2 / (PCIE3_X16 * HOST_EFFICIENCY)),
         # {0,1,5}: 0-1 and 1-5 linked, 0-5 over PCIe: S/3 over the slowest, PCIe
-        ((0, 1, 5), S / 3 / (PCIE3_X16 * EFFICIENCY)),
+        ((0, 1, 5), S / 3 / (PCIE3_X16 * HOST_EFFICIENCY)),
     ],
 )
 def test_dgx1_all_to_all_is_bound_by_its_slowest_pair(

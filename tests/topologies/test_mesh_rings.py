@@ -25,6 +25,7 @@ from topologies.spec import TopologyError
 NVLINK2_LINK = 25e9  # bytes/s per direction of one NVLink2 link
 EFFICIENCY = 0.80  # the DGX-1 intra tier's efficiency
 PCIE3_X16 = 16e9  # 32 GB/s both directions
+HOST_EFFICIENCY = 0.76  # the host path's (NCCL's PCIe Gen3 x16 figure), not the NVLink tier's
 # `nvidia-smi topo -m` of a DGX-1 V100, GPU rows 0-7 (NV#: # bonded NVLinks, SYS: none)
 TOPO_M = """
 X   NV1 NV1 NV2 NV2 SYS SYS SYS
@@ -75,8 +76,10 @@ def test_dgx1_group_gets_its_rings_links(ranks: tuple[int, ...], links: int) -> 
 
 @pytest.mark.parametrize("ranks", [(0, 5), (0, 6), (3, 4), (0, 1, 5)])
 def test_dgx1_gpus_without_an_nvlink_ring_take_the_pcie_path(ranks: tuple[int, ...]) -> None:
-    # 0-5: no NVLink (SYS); {0,1,5}: 0-1 and 1-5 are linked but 5-0 is not, so no NVLink ring
-    assert _dgx1_line_bw(ranks) == pytest.approx(PCIE3_X16, rel=1e-12)
+    # 0-5: no NVLink (SYS); {0,1,5}: 0-1 and 1-5 are linked but 5-0 is not, so no NVLink ring;
+    # the host path's rate is PCIe 3.0 x16 at PCIe's efficiency
+    g = load_cluster("dgx1-v100", gpus=16).group_links(ranks)
+    assert g.intra_bw_bytes_per_s == pytest.approx(PCIE3_X16 * HOST_EFFICIENCY, rel=1e-12)
 
 
 def test_a_group_on_two_nodes_gets_its_worst_node() -> None:
@@ -192,7 +195,8 @@ def test_unlinked_pairs_need_a_host_path(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "line", ["host_bw_bytes_per_s_per_dir = 1.6e10", "mesh_edges = [[0, 1, 18]]"]
+    "line",
+    ["host_bw_bytes_per_s_per_dir = 1.6e10", "mesh_edges = [[0, 1, 18]]", "host_efficiency = 0.7"],
 )
 def test_mesh_keys_on_a_switch_are_refused(line: str, tmp_path: Path) -> None:
     # ignored before (mesh_edges were range-checked, then never read on an NVSwitch)
@@ -209,3 +213,13 @@ def test_dgx1_host_path_is_a_vetted_pcie3_x16(hardware_dir: Path) -> None:
     assert gpus[s.gpu]["pcie_gen"] == gpus["v100-pcie-32gb"]["pcie_gen"] == 3
     x16 = gpus["v100-pcie-32gb"]["pcie_x16_bw_bidir_GBps"] * 1e9 / 2  # 32 GB/s both ways
     assert s.host_bw_bytes_per_s_per_dir == pytest.approx(x16)
+
+
+def test_a_host_path_without_its_own_efficiency_takes_the_intra_tiers(tmp_path: Path) -> None:
+    """``host_efficiency`` prices the PCIe path apart from the NVLink tier (DGX-1: 0.76 against
+    0.80, which it read before); a file without it keeps the [intra] tier's, as before."""
+    src = (SERVERS_DIR / "dgx1-v100.toml").read_text()
+    assert load_server("dgx1-v100").host_path == (PCIE3_X16, HOST_EFFICIENCY)
+    path = tmp_path / "no_host_efficiency.toml"
+    path.write_text(src.replace("host_efficiency = 0.76\n", ""))
+    assert load_server(str(path)).host_path == (PCIE3_X16, EFFICIENCY)
