@@ -259,13 +259,19 @@ def batch_bytes(
     was a seventh of a 100k-kernel forecast)."""
     if ops is None:
         return _op_bytes(like, dims)
+    out = np.empty(len(dims), dtype=np.float64)
+    for op, idx in indices_by_op(ops).items():
+        out[idx] = _op_bytes(replace(like, op=op), dims[idx])
+    return out
+
+
+def indices_by_op(ops: list[str]) -> dict[str, list[int]]:
+    """The positions of each operator in ``ops``, operators in order of first appearance (a
+    batch of one family is priced one operator at a time)."""
     by_op: dict[str, list[int]] = defaultdict(list)
     for i, op in enumerate(ops):
         by_op[op].append(i)
-    out = np.empty(len(dims), dtype=np.float64)
-    for op, idx in by_op.items():
-        out[idx] = _op_bytes(replace(like, op=op), dims[idx])
-    return out
+    return by_op
 
 
 def _op_bytes(like: KernelSpec, dims: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:

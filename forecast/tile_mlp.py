@@ -26,7 +26,14 @@ from forecast.bandwidth import BandwidthModel
 from forecast.features import FeatureBatch, feature_names, shape_features
 from forecast.files import write_together
 from forecast.gpus import GPUSpec
-from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, OpFamily, batch_bytes
+from forecast.kernels import (
+    GEMM_FAMILIES,
+    Dtype,
+    KernelSpec,
+    OpFamily,
+    batch_bytes,
+    indices_by_op,
+)
 from forecast.mlp import TileEnsemble
 from forecast.predict import WEIGHTS_DIR, ModelError
 from forecast.tilepick import TilePicker, TileTable
@@ -83,10 +90,7 @@ class TileMLPModel:
             fb = shape_features(gpu, kernels[0], dims, ops=ops)
             return np.maximum(self._net_s(family, fb), floor_s)
         t = np.empty(len(kernels))
-        by_op: dict[str, list[int]] = defaultdict(list)
-        for i, op in enumerate(ops):
-            by_op[op].append(i)
-        for idx in by_op.values():
+        for idx in indices_by_op(ops).values():
             halved, starts = row_halvings(dims[idx])
             each = self._net_s(family, shape_features(gpu, kernels[idx[0]], halved))
             t[idx] = np.maximum.reduceat(each, starts)
