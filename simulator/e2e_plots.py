@@ -2,7 +2,8 @@
 
 Left: our forecast against each run's measured time. Right: each run's own per-op trace,
 summed, against the same measured time: how close an exact op-by-op forecast could come.
-One colour per GPU, circles for inference, triangles for training; the band is ±12%.
+One colour per GPU, circles for inference, triangles for training, crosses for
+``torch.compile``d inference (left only: those runs have no trace); the band is ±12%.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from simulator.figures import save_figure
 BAND = 0.12  # the whole-model target's largest error
 
 
-def plot_e2e(runs: list[PreparedRun], out: Path) -> Path:
-    """Draw the two panels for ``runs`` (one latency model) into ``out``."""
+def plot_e2e(runs: list[PreparedRun], out: Path, compiled: list[PreparedRun] | None = None) -> Path:
+    """Draw the two panels for ``runs`` (one latency model) into ``out``, and the
+    ``compiled`` runs' forecasts in the left one."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 5), sharex=True, sharey=True)
-    gpus = sorted({p.label.gpu_id for p in runs})
+    compiled = compiled or []
+    gpus = sorted({p.label.gpu_id for p in runs + compiled})
     cmap = plt.get_cmap("tab10")
     colours = {gpu: cmap(i % 10) for i, gpu in enumerate(gpus)}
     panels = (
@@ -44,6 +47,12 @@ def plot_e2e(runs: list[PreparedRun], out: Path) -> Path:
                 values += list(y)
                 ax.scatter(x, y, s=18, marker=marker, color=colours[gpu], label=f"{gpu} {mode}")
         ax.set(xscale="log", yscale="log", title=title, xlabel="measured e2e (ms)")
+    for gpu in sorted({p.label.gpu_id for p in compiled}):
+        sel = [p for p in compiled if p.label.gpu_id == gpu]
+        x = np.array([p.label.e2e_ms for p in sel])
+        y = np.array([predicted_e2e_ms(p, FITTED) for p in sel])
+        values += list(x) + list(y)
+        axes[0].scatter(x, y, s=24, marker="x", color=colours[gpu], label=f"{gpu} compiled")
     lo, hi = min(values) / 1.3, max(values) * 1.3
     line = np.array([lo, hi])
     for ax in axes:
@@ -53,6 +62,7 @@ def plot_e2e(runs: list[PreparedRun], out: Path) -> Path:
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
     axes[0].set_ylabel("predicted or summed (ms)")
-    axes[1].legend(fontsize=7, loc="upper left", ncol=2)
+    handles, labels = axes[0].get_legend_handles_labels()
+    axes[1].legend(handles, labels, fontsize=7, loc="upper left", ncol=2)
     fig.suptitle("Whole models on one GPU against the NeuSight labels (dashed: ±12%)")
     return save_figure(fig, out)

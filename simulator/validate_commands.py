@@ -67,5 +67,6 @@ def _validate_e2e(args: argparse.Namespace) -> int:
     if args.plot is not None:
         from simulator.e2e_plots import plot_e2e  # matplotlib only when a figure is drawn
 
-        print(f"wrote {plot_e2e(runs['tile-mlp'], args.plot)}")
+        compiled = e2e_runs(args.data, compiled=True)[0]["tile-mlp"]
+        print(f"wrote {plot_e2e(runs['tile-mlp'], args.plot, compiled)}")
     return 0

@@ -330,6 +330,24 @@ def test_e2e_plot_title_writes_plus_minus(
     assert "±12%" in title and "+-" not in title
 
 
+@pytest.mark.skipif(not (NEUSIGHT / "labels").is_dir(), reason="NeuSight labels not present")
+def test_e2e_plot_marks_the_compiled_runs_in_the_forecast_panel(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The eight torch.compile runs (hf-compile) are crosses in the left panel, named in the
+    legend, and absent from the trace panel (they have no trace)."""
+    kept = drawn(monkeypatch, e2e_plots)
+    assert main(["validate", "e2e", "--plot", str(tmp_path / "e.png")]) == 0
+    capsys.readouterr()
+    left, right = kept[0].axes
+    crosses = [c for c in left.collections if c.get_label().endswith(" compiled")]
+    assert sorted(c.get_label() for c in crosses) == ["a100-pcie-40gb compiled", "l4 compiled"]
+    assert sum(len(c.get_offsets()) for c in crosses) == 8
+    assert not [c for c in right.collections if c.get_label().endswith(" compiled")]
+    legend = [t.get_text() for t in right.get_legend().get_texts()]
+    assert "l4 compiled" in legend
+
+
 # --- simulate and its trace -----------------------------------------------------------------
 
 
