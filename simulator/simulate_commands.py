@@ -154,6 +154,23 @@ def _check_trace_path(path: Path) -> None:
 ZERO3_FIT_MODEL = "174.6B"  # the GPT-3 175B rows
 
 
+def validation_text(checks: list[Check]) -> str:
+    """The table and summaries `tilesim validate distributed` prints (and writes into the
+    README between its markers)."""
+    text = markdown(checks)
+    pub = [c for c in checks if c.metric != "fw+bw s"]
+    if pub:
+        text += "\n\n" + _summary("published runs", pub) + "\n"
+        text += _summary("without DeepSpeed ZeRO-3 rows", [c for c in pub if "zero3" not in c.name])
+        zero3 = [c for c in pub if "zero3" in c.name]
+        fit = [c for c in zero3 if ZERO3_FIT_MODEL in c.name]
+        if fit:  # `dp_comm.DEEPSPEED_2021_ZERO3_EFFICIENCY` was fitted on these rows only
+            text += "\n" + _summary("ZeRO-3 rows its efficiency was fitted on", fit)
+            rest = [c for c in zero3 if c not in fit]
+            text += "\n" + _summary("ZeRO-3 rows outside that fit", rest)
+    return text
+
+
 def _validate_distributed(args: argparse.Namespace) -> int:
     if args.readme is not None and args.labels_only:
         raise ConfigError("--readme needs the published runs too; drop --labels-only")
@@ -167,17 +184,7 @@ def _validate_distributed(args: argparse.Namespace) -> int:
     checks = check_labels(latency_model=args.latency_model, data_dir=args.data)
     if not args.labels_only:
         checks += check_published(latency_model=args.latency_model, path=args.published)
-    text = markdown(checks)
-    pub = [c for c in checks if c.metric != "fw+bw s"]
-    if pub:
-        text += "\n\n" + _summary("published runs", pub) + "\n"
-        text += _summary("without DeepSpeed ZeRO-3 rows", [c for c in pub if "zero3" not in c.name])
-        zero3 = [c for c in pub if "zero3" in c.name]
-        fit = [c for c in zero3 if ZERO3_FIT_MODEL in c.name]
-        if fit:  # `dp_comm.DEEPSPEED_2021_ZERO3_EFFICIENCY` was fitted on these rows only
-            text += "\n" + _summary("ZeRO-3 rows its efficiency was fitted on", fit)
-            rest = [c for c in zero3 if c not in fit]
-            text += "\n" + _summary("ZeRO-3 rows outside that fit", rest)
+    text = validation_text(checks)
     if args.readme is not None:
         update_readme(args.readme, text, begin=DIST_BEGIN, end=DIST_END)
     print(text)

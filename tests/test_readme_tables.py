@@ -44,6 +44,29 @@ def test_e2e_tables_are_what_validate_e2e_prints() -> None:
         assert _between(t.begin, t.end) == t.markdown
 
 
+def _without_last_column(text: str) -> str:
+    """A table's rows without their last cell (`validate distributed`'s wall-clock "simulate
+    ms", which no two runs share)."""
+    out = []
+    for line in text.splitlines():
+        out.append(line.rsplit(" | ", 1)[0] if line.startswith("| ") else line)
+    return "\n".join(out)
+
+
+def test_distributed_table_is_what_validate_distributed_prints() -> None:
+    """Every predicted figure and error of the README's distributed table is today's (it was
+    left at an older kernel model's GPT-2 figures for weeks); the timing column is not."""
+    published = ROOT.parent / "shared" / "data" / "published" / "dev_runs.json"
+    if not (NEUSIGHT / "labels").is_dir() or not published.is_file():
+        pytest.skip(f"NeuSight labels or published runs not found beside {ROOT} (no ../shared)")
+    from simulator.dist_validate import check_labels, check_published
+    from simulator.simulate_commands import DIST_BEGIN, DIST_END, validation_text
+
+    checks = check_labels(data_dir=NEUSIGHT) + check_published(path=published)
+    want = _without_last_column(validation_text(checks).strip())
+    assert _without_last_column(_between(DIST_BEGIN, DIST_END)) == want
+
+
 @pytest.mark.parametrize(
     ("body", "needle"),
     [
