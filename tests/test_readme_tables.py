@@ -67,6 +67,17 @@ def test_distributed_table_is_what_validate_distributed_prints() -> None:
     assert _without_last_column(_between(DIST_BEGIN, DIST_END)) == want
 
 
+def test_tensor_core_table_is_what_tc_calibrate_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's tensor-core block is `tilesim kernels tc-calibrate`'s output, line for line."""
+    if not (ROOT.parent / "shared" / "data" / "hardware" / "microbenchmarks.json").is_file():
+        pytest.skip("../shared/data/hardware not found beside the checkout")
+    assert main(["kernels", "tc-calibrate"]) == 0
+    printed = capsys.readouterr().out.strip()
+    text = (ROOT / "README.md").read_text()
+    start = text.index("```\ncalibrated on ") + len("```\n")
+    assert text[start : text.index("```", start)].strip() == printed
+
+
 @pytest.mark.parametrize(
     ("body", "needle"),
     [
