@@ -15,18 +15,13 @@ from forecast.gpus import GPUSpec
 from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec
 
 
-def runs_on_matrix_fp32(gpu: GPUSpec, kernel: KernelSpec) -> bool:
-    """Whether a kernel is an FP32 GEMM on a GPU with a matrix FP32 peak (AMD's MFMA)."""
-    matrix = gpu.fp32_matrix_flops_per_s is not None
-    return matrix and kernel.family in GEMM_FAMILIES and kernel.dtype is Dtype.FP32
-
-
-def peak_flops_per_s(gpu: GPUSpec, kernel: KernelSpec) -> float:
-    """The catalog peak a kernel runs at: the matrix FP32 peak for an FP32 GEMM where the GPU
-    has one (`runs_on_matrix_fp32`), else the dtype's peak."""
-    if runs_on_matrix_fp32(gpu, kernel) and gpu.fp32_matrix_flops_per_s is not None:
-        return gpu.fp32_matrix_flops_per_s
-    return gpu.peak_for(kernel.dtype)
+def kernel_peak(gpu: GPUSpec, kernel: KernelSpec) -> tuple[float, str]:
+    """The catalog peak a kernel runs at, and its name: the matrix FP32 peak for an FP32 GEMM
+    where the GPU has one (AMD's MFMA), else the dtype's peak."""
+    matrix = gpu.fp32_matrix_flops_per_s
+    if matrix is not None and kernel.family in GEMM_FAMILIES and kernel.dtype is Dtype.FP32:
+        return matrix, "matrix fp32 peak"
+    return gpu.peak_for(kernel.dtype), f"{kernel.dtype.value} peak"
 
 
 class RooflineModel:
@@ -38,6 +33,6 @@ class RooflineModel:
         """Seconds per kernel, in input order."""
         out = np.empty(len(kernels), dtype=np.float64)
         for i, k in enumerate(kernels):
-            compute = k.flops() / peak_flops_per_s(gpu, k)
+            compute = k.flops() / kernel_peak(gpu, k)[0]
             out[i] = max(compute, k.bytes() / gpu.hbm_bw_bytes_per_s)
         return out

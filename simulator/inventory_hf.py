@@ -72,9 +72,8 @@ def attention_core(
     ``v``) that reach ``torch.matmul`` as permuted views: it copies each into the
     one-matrix-per-head layout ``bmm`` needs before the product (`_with_copies`)."""
     bh = z.B * z.nh
-    scores_in = "".join(x for x in copied if x in "qk")
-    qk = _with_copies(r.bmm("qk", (bh, z.S, z.d, z.keys), z.dt), z, scores_in)
-    av = _with_copies(r.bmm("av", (bh, z.S, z.keys, z.d), z.dt), z, copied.replace(scores_in, ""))
+    qk = _with_copies(r.bmm("qk", (bh, z.S, z.d, z.keys), z.dt), z, copied.replace("v", ""))
+    av = _with_copies(r.bmm("av", (bh, z.S, z.keys, z.d), z.dt), z, "v" if "v" in copied else "")
     masks = {
         # causal mask by torch.where over the scores
         "where": lambda: r.memory("mask", "masked_fill", z.scores, z.dt, bw_op="masked_fill"),

@@ -56,7 +56,8 @@ def _validate_e2e(args: argparse.Namespace) -> int:
     if args.readme is not None:  # before the minutes of work, and all four tables or none
         check_readme(args.readme, E2E_MARKERS)
     runs, skipped = e2e_runs(args.data)
-    tables = e2e_tables(args.data, runs)
+    compiled = e2e_runs(args.data, compiled=True)[0]
+    tables = e2e_tables(args.data, runs, compiled)
     if args.readme is not None:
         update_readme_tables(args.readme, [(t.markdown, t.begin, t.end) for t in tables])
     for i, t in enumerate(tables):  # Markdown needs a blank line between two tables
@@ -67,6 +68,5 @@ def _validate_e2e(args: argparse.Namespace) -> int:
     if args.plot is not None:
         from simulator.e2e_plots import plot_e2e  # matplotlib only when a figure is drawn
 
-        compiled = e2e_runs(args.data, compiled=True)[0]["tile-mlp"]
-        print(f"wrote {plot_e2e(runs['tile-mlp'], args.plot, compiled)}")
+        print(f"wrote {plot_e2e(runs['tile-mlp'], args.plot, compiled['tile-mlp'])}")
     return 0

@@ -38,7 +38,7 @@ def test_e2e_tables_are_what_validate_e2e_prints() -> None:
         pytest.skip(f"NeuSight labels not found at {NEUSIGHT} (clone without ../shared)")
     from simulator.e2e_tables import e2e_runs, e2e_tables
 
-    tables = e2e_tables(NEUSIGHT, e2e_runs(NEUSIGHT)[0])
+    tables = e2e_tables(NEUSIGHT, e2e_runs(NEUSIGHT)[0], e2e_runs(NEUSIGHT, compiled=True)[0])
     assert len(tables) == 4
     for t in tables:
         assert _between(t.begin, t.end) == t.markdown
