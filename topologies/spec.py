@@ -186,7 +186,8 @@ class ServerSpec(_Frozen):
 
     def _mesh_fits(self) -> None:
         """Pairs of two of its GPUs, each listed once with at least one link; no GPU with more
-        links than ``links_per_gpu``; a host path where some pair has no link."""
+        links than ``links_per_gpu``; a host path where some pair has no link, and where its
+        efficiency is given."""
         gpus, seen = self.gpus_per_node, set()
         for e in self.mesh_edges or ():
             a, b = e[:2]
@@ -216,6 +217,12 @@ class ServerSpec(_Frozen):
             raise ValueError(
                 f"mesh_edges joins GPUs {a} and {b} by no link, so a ring between them takes the "
                 "host path; give host_bw_bytes_per_s_per_dir (a GPU's PCIe rate, one direction)"
+            )
+        if self.host_efficiency is not None and self.host_bw_bytes_per_s_per_dir is None:
+            raise ValueError(
+                "host_efficiency prices the host path, and this mesh has none: give "
+                "host_bw_bytes_per_s_per_dir (a GPU's PCIe rate, one direction) or remove "
+                "host_efficiency"
             )
 
 

@@ -149,8 +149,8 @@ def test_ring_links_are_fractional_packings() -> None:
 # --- the server file ------------------------------------------------------------------------
 
 
-def _with_edges(edges: str, tmp_path: Path) -> Path:
-    src = (SERVERS_DIR / "dgx1-v100.toml").read_text()
+def _with_edges(edges: str, tmp_path: Path, src: str = "") -> Path:
+    src = src or (SERVERS_DIR / "dgx1-v100.toml").read_text()
     start = src.index("mesh_edges = [")
     end = src.index("\n]\n", start) + 3
     path = tmp_path / "s.toml"
@@ -223,3 +223,19 @@ def test_a_host_path_without_its_own_efficiency_takes_the_intra_tiers(tmp_path: 
     path = tmp_path / "no_host_efficiency.toml"
     path.write_text(src.replace("host_efficiency = 0.76\n", ""))
     assert load_server(str(path)).host_path == (PCIE3_X16, EFFICIENCY)
+
+
+def test_a_host_efficiency_without_a_host_path_is_refused(tmp_path: Path) -> None:
+    """It was read by nothing (``host_path`` is None without a rate), so a file that set it
+    alone got the NVLink tier's pricing with no word."""
+    # every GPU linked to every other (4 GPUs, 2 links a pair), so no ring takes the host path
+    src = (SERVERS_DIR / "dgx1-v100.toml").read_text()
+    src = src.replace("gpus_per_node = 8", "gpus_per_node = 4")
+    path = _with_edges(
+        "[[0, 1, 2], [0, 2, 2], [0, 3, 2], [1, 2, 2], [1, 3, 2], [2, 3, 2]]", tmp_path, src
+    )
+    assert load_server(str(path)).host_path == (PCIE3_X16, HOST_EFFICIENCY)
+    bare = tmp_path / "rate_missing.toml"
+    bare.write_text(path.read_text().replace("host_bw_bytes_per_s_per_dir = 1.6e10\n", ""))
+    with pytest.raises(TopologyError, match=r"host_efficiency.*give host_bw_bytes_per_s_per_dir"):
+        load_server(str(bare))
