@@ -7,8 +7,8 @@ All functions are vectorised over ``n`` kernels of one family on one GPU and ret
   the reduction ``N`` split ``split_k`` ways; each tile is one thread block.
 * element-wise: PyTorch's vectorised kernel, 128 threads x 4 elements per block.
 * softmax: rows of ``H <= 1024`` run several rows per 128-thread block (one warp a row,
-  two rows a warp when ``H <= 128``); longer rows run one block a row, of
-  ``next_pow2(H / 8)`` threads (32 to 1024).
+  two rows a warp when ``H <= 128``); longer rows run one block a row, of PyTorch's
+  ``SoftMax_getBlockSize`` threads (`_softmax_layout`: 128 to 512).
 * layer norm: one 128-thread block a row.
 * memory: copies at 512 elements a block, like element-wise.
 
@@ -86,13 +86,22 @@ def gemm_work(gpu: GPUSpec, dims: npt.NDArray[np.int64], choice: npt.NDArray[np.
     )
 
 
+_SOFTMAX_ILP = 4  # fp32 elements a thread loads at once (sizeof(float4) / sizeof(float))
+
+
 def _softmax_layout(H: F64) -> tuple[F64, F64]:
-    """(rows per block, threads per block) of PyTorch's softmax kernels."""
+    """(rows per block, threads per block) of PyTorch's softmax kernels (torch 2.1, the
+    NeuSight builds): a long row's block is ``SoftMax_getBlockSize(ILP, H)``, the power of
+    two at or above ``min(H // ILP, 1024) // 2``, at least a warp; so 512 threads from
+    ``H = 4096`` up, as every such row's launch dims in the data show (it was
+    ``next_pow2(H / 8)`` up to 1024, right only to 4,096 and off by one doubling just past
+    1,024 and 2,048)."""
     p2 = 2.0 ** np.ceil(np.log2(np.maximum(H, 1)))
     warp_size = np.minimum(p2, 32)
     rows_per_warp = np.where(p2 <= 128, 2.0, 1.0)
     rows_short = (128 / warp_size) * rows_per_warp
-    long_threads = np.clip(2.0 ** np.ceil(np.log2(np.maximum(H / 8, 1))), 32, 1024)
+    most = np.maximum(np.minimum(H // _SOFTMAX_ILP, 1024) // 2, 1)
+    long_threads = np.maximum(2.0 ** np.ceil(np.log2(most)), 32)
     short = H <= 1024
     return np.where(short, rows_short, 1.0), np.where(short, 128.0, long_threads)
 

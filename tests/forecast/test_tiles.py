@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import numpy as np
+from pathlib import Path
 
-from forecast.gpus import GPUSpec
+import numpy as np
+import pandas as pd
+
+from forecast.dataset import neusight_files
+from forecast.gpus import GPUSpec, load_gpu
 from forecast.kernels import OpFamily
 from forecast.tiles import gemm_work, row_work
 
@@ -39,6 +43,31 @@ def test_softmax_layouts_follow_pytorch(tiny_gpu: GPUSpec) -> None:
     # launch grids measured on an A100: 23, 89, 9127, 11146 blocks; 128, 128, 256, 512 threads
     assert list(w.blocks) == [23, 89, 9127, 11146]
     assert list(w.threads_per_block) == [128, 128, 256, 512]
+
+
+def test_long_softmax_rows_take_pytorchs_block_size(tiny_gpu: GPUSpec) -> None:
+    """torch 2.1's ``SoftMax_getBlockSize(ILP=4, H)``: the power of two at or above
+    ``min(H // 4, 1024) // 2``, so never above 512, and integer division at the edges (the
+    rule was ``next_pow2(H / 8)`` up to 1,024: 1,024 threads from H = 4,097 up, and one
+    doubling too many just past 1,024 and 2,048)."""
+    widths = [1025, 1031, 1032, 2049, 4096, 4097, 5120, 16384, 50257]
+    dims = np.array([[64, h] for h in widths])
+    w = row_work(tiny_gpu, OpFamily.SOFTMAX, ["softmax"] * len(widths), dims)
+    assert list(w.threads_per_block) == [128, 128, 256, 256, 512, 512, 512, 512, 512]
+    assert list(w.blocks) == [64] * len(widths)  # one block a row
+
+
+def test_softmax_threads_match_every_measured_launch(neusight_dir: Path) -> None:
+    """Every NVIDIA softmax row of the data (training and test sets, rows up to 16,384 wide)
+    launched the block `row_work` gives it: ``Block x * Block y`` threads."""
+    frame = pd.concat(
+        pd.read_csv(p) for p in neusight_files(neusight_dir, OpFamily.SOFTMAX)
+    ).drop_duplicates(["H", "Block x", "Block y"])
+    dims = np.stack([np.ones(len(frame), np.int64), frame["H"].to_numpy(np.int64)], axis=1)
+    w = row_work(load_gpu("a100-pcie-40gb"), OpFamily.SOFTMAX, ["softmax"] * len(frame), dims)
+    measured = (frame["Block x"] * frame["Block y"]).to_numpy()
+    assert frame["H"].max() >= 16384
+    assert (w.threads_per_block == measured).all(), frame[w.threads_per_block != measured]
 
 
 def test_layernorm_one_block_per_row(tiny_gpu: GPUSpec) -> None:
