@@ -30,7 +30,7 @@ import numpy.typing as npt
 
 from forecast.gpus import GPUSpec
 from forecast.kernels import GEMM_FAMILIES, Dtype, KernelSpec, OpFamily, batch_bytes
-from forecast.tiles import Work, gemm_work, row_work
+from forecast.tiles import Work, gemm_work, row_work, softmax_rereads
 
 F64 = npt.NDArray[np.float64]
 
@@ -84,7 +84,30 @@ ROW_FEATURES = (
 # 11.1 -> 11.1% (seeds 5-9 11.4 -> 11.4%). Dropping `log2_footprint_over_l2` (the re-reads'
 # L2 share is in the base time): softmax 13.8% (seeds 5-9 14.0%), layer norm 11.1 -> 10.6%
 # (seeds 5-9 11.4 -> 11.4%).
-_FAMILY_FEATURES = {OpFamily.BMM: BMM_FEATURES, OpFamily.LINEAR: GEMM_FEATURES}
+# Element-wise and layer norm read the busiest SM's threads and the threads it holds at once
+# where softmax reads blocks. Every training GPU launches both with 128-thread blocks (512
+# elements a block for element-wise), so on NVIDIA the two are the same columns shifted by
+# log2(128) (leave-one-GPU-out and unseen GPUs within 0.2 points). ROCm launches 256-thread
+# blocks (1,024 elements; `forecast.tiles`), which in blocks read as half the blocks per SM,
+# half of them resident: on AMD, element-wise 45.4 / 45.0% (MI100 / MI210) and layer norm
+# 50.5 / 47.8% in blocks, 28.2 / 28.2% and 19.3 / 16.6% in threads (28.3 / 28.0% and
+# 51.1 / 45.2% with CUDA's 128-thread cut, before the ROCm launch rules). Softmax's training
+# launches vary their block (128-512 threads), so there the two are not the same columns: in
+# threads its leave-one-GPU-out mean went 12.5 -> 13.1% (P4 5.5 -> 7.4, T4 12.2 -> 13.2),
+# within the spread of training seeds but with nothing gained on NVIDIA, so it keeps blocks.
+_THREAD_FEATURES = tuple(
+    {
+        "log2_blocks_per_sm": "log2_threads_per_sm",
+        "log2_resident_blocks": "log2_resident_threads",
+    }.get(c, c)
+    for c in ROW_FEATURES
+)
+_FAMILY_FEATURES = {
+    OpFamily.BMM: BMM_FEATURES,
+    OpFamily.LINEAR: GEMM_FEATURES,
+    OpFamily.ELEMENTWISE: _THREAD_FEATURES,
+    OpFamily.LAYERNORM: _THREAD_FEATURES,
+}
 
 
 def feature_names(family: OpFamily) -> tuple[str, ...]:
@@ -178,7 +201,6 @@ def _times(gpu: GPUSpec, kernel: KernelSpec, work: Work, total_bytes: F64) -> tu
 # a fitted 16 B per SM clock (softmax 12.3%) lies far under every GPU's L2 (A100: ~47 B per SM
 # clock) and made the fast-DRAM GPUs (A100 80GB, MI300X) slower than their DRAM.
 _EXTRA_READS = {OpFamily.SOFTMAX: 2.0, OpFamily.LAYERNORM: 1.0}
-_SOFTMAX_ONE_READ_WIDTH = 1024  # PyTorch's warp softmax holds rows this narrow in registers
 _L2_HIT_BELOW, _L2_MISS_ABOVE = 0.25, 1.0  # in-flight rows over L2 bytes
 
 
@@ -191,7 +213,7 @@ def reread_memory_s(
     rows, width = dims[:, 0].astype(np.float64), dims[:, 1].astype(np.float64)
     extra = np.full_like(width, _EXTRA_READS[family])
     if family is OpFamily.SOFTMAX:
-        extra = np.where(width > _SOFTMAX_ONE_READ_WIDTH, extra, 0.0)
+        extra = np.where(softmax_rereads(gpu, width), extra, 0.0)
     reread_bytes = extra * rows * width * 4.0
     in_flight = gpu.num_sms * np.minimum(work.resident_per_sm, work.blocks_per_sm) * width * 4.0
     span = np.log2(_L2_MISS_ABOVE / _L2_HIT_BELOW)
@@ -201,11 +223,14 @@ def reread_memory_s(
 
 def _common(gpu: GPUSpec, work: Work, compute: F64, memory: F64) -> dict[str, F64]:
     base = np.maximum(compute, memory)
+    resident = np.minimum(work.resident_per_sm, work.blocks_per_sm)
     return {
         "log2_compute_over_memory": np.log2(np.maximum(compute, 1e-12) / memory),
         "log2_blocks_per_sm": np.log2(work.blocks_per_sm),
+        "log2_threads_per_sm": np.log2(work.blocks_per_sm * work.threads_per_block),
         "tail_fill": work.blocks / (gpu.num_sms * work.blocks_per_sm),
-        "log2_resident_blocks": np.log2(np.minimum(work.resident_per_sm, work.blocks_per_sm)),
+        "log2_resident_blocks": np.log2(resident),
+        "log2_resident_threads": np.log2(resident * work.threads_per_block),
         "log2_inner_len": np.log2(np.maximum(work.inner_len, 1)),
         "log10_base_us": np.log10(base * 1e6),
     }

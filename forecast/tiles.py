@@ -5,12 +5,17 @@ All functions are vectorised over ``n`` kernels of one family on one GPU and ret
 
 * GEMM (bmm, linear): output ``(B, M, K)`` cut into tiles of ``tile_rows x tile_cols``,
   the reduction ``N`` split ``split_k`` ways; each tile is one thread block.
-* element-wise: PyTorch's vectorised kernel, 128 threads x 4 elements per block.
+* element-wise: PyTorch's vectorised kernel, ``num_threads()`` threads (four warps: 128 on
+  NVIDIA, 256 on ROCm, whose warp is 64 lanes) x 4 elements per block.
 * softmax: rows of ``H <= 1024`` run several rows per 128-thread block (one warp a row,
-  two rows a warp when ``H <= 128``); longer rows run one block a row, of PyTorch's
-  ``SoftMax_getBlockSize`` threads (`_softmax_layout`: 128 to 512).
-* layer norm: one 128-thread block a row.
-* memory: copies at 512 elements a block, like element-wise.
+  two rows a warp when ``H <= 128``); longer rows run one block a row: 128 to 512 threads
+  on NVIDIA, 1024 on AMD (`_softmax_layout`).
+* layer norm: one ``num_threads()`` block a row.
+* memory: copies cut like element-wise.
+
+The launch rules are those of the PyTorch builds the kernel data were measured with (its
+README: NVIDIA on 2.1.0, AMD on 2.4.1 for ROCm), checked against every measured row's grid
+and block (`tests/forecast/test_tiles.py`).
 
 Blocks resident per SM (occupancy) come from the thread limit of the SM's architecture
 and, for GEMM tiles, the register file (accumulators and operand fragments: about
@@ -87,23 +92,55 @@ def gemm_work(gpu: GPUSpec, dims: npt.NDArray[np.int64], choice: npt.NDArray[np.
 
 
 _SOFTMAX_ILP = 4  # fp32 elements a thread loads at once (sizeof(float4) / sizeof(float))
+_WARP_THREADS = {"NVIDIA": 32, "AMD": 64}  # C10_WARP_SIZE: a ROCm wavefront is 64 lanes
+_THREAD_WORK = 4  # elements a thread of the vectorised element-wise kernel handles
+_ROCM_SMEM_PER_BLOCK_BYTES = 65536  # LDS a workgroup may hold on CDNA 1-3
 
 
-def _softmax_layout(H: F64) -> tuple[F64, F64]:
-    """(rows per block, threads per block) of PyTorch's softmax kernels (torch 2.1, the
-    NeuSight builds): a long row's block is ``SoftMax_getBlockSize(ILP, H)``, the power of
-    two at or above ``min(H // ILP, 1024) // 2``, at least a warp; so 512 threads from
-    ``H = 4096`` up, as every such row's launch dims in the data show (it was
-    ``next_pow2(H / 8)`` up to 1024, right only to 4,096 and off by one doubling just past
-    1,024 and 2,048)."""
+def _warp(gpu: GPUSpec) -> int:
+    return _WARP_THREADS.get(gpu.vendor, 32)
+
+
+def _num_threads(gpu: GPUSpec) -> float:
+    """PyTorch's ``num_threads()``: the block of its element-wise and layer-norm kernels."""
+    return 4.0 * _warp(gpu)
+
+
+def _softmax_layout(gpu: GPUSpec, H: F64) -> tuple[F64, F64]:
+    """(rows per block, threads per block) of PyTorch's softmax kernels.
+
+    Rows of up to 1024 columns run ``softmax_warp_forward``: a warp a row (``min(next_pow2(H),
+    C10_WARP_SIZE)`` threads), two rows a warp up to 128 columns, 128-thread blocks. Longer
+    rows run one block a row. Torch 2.1's ``SoftMax_getBlockSize(ILP, H)`` takes the power of
+    two at or above ``min(H // ILP, 1024) // 2``, at least a warp: 512 threads from
+    ``H = 4096`` up (it was ``next_pow2(H / 8)`` up to 1024 here, right only to 4,096 and off
+    by one doubling just past 1,024 and 2,048). Torch 2.4's ``SoftMaxForward_getBlockSize(H)``
+    takes ``min(H, 1024)`` rounded up to whole warps: 1024 threads for every long row."""
+    warp = _warp(gpu)
     p2 = 2.0 ** np.ceil(np.log2(np.maximum(H, 1)))
-    warp_size = np.minimum(p2, 32)
+    warp_size = np.minimum(p2, warp)
     rows_per_warp = np.where(p2 <= 128, 2.0, 1.0)
     rows_short = (128 / warp_size) * rows_per_warp
-    most = np.maximum(np.minimum(H // _SOFTMAX_ILP, 1024) // 2, 1)
-    long_threads = np.maximum(2.0 ** np.ceil(np.log2(most)), 32)
+    if gpu.vendor == "AMD":
+        long_threads = np.ceil(np.minimum(H, 1024) / warp) * warp
+    else:
+        most = np.maximum(np.minimum(H // _SOFTMAX_ILP, 1024) // 2, 1)
+        long_threads = np.maximum(2.0 ** np.ceil(np.log2(most)), warp)
     short = H <= 1024
     return np.where(short, rows_short, 1.0), np.where(short, 128.0, long_threads)
+
+
+def softmax_rereads(gpu: GPUSpec, H: F64) -> npt.NDArray[np.bool_]:
+    """Whether a softmax kernel reads its row from memory again after the first pass (for
+    its sum, then its output). The warp kernel (``H <= 1024``) holds the row in registers.
+    Torch 2.4's ``cunn_SoftMaxForwardSmem`` (AMD here) holds it in shared memory when it
+    fits and ``H`` is a whole number of ILP vectors (its alignment test; the data's AMD rows
+    run it at exactly those widths); torch 2.1 has no such kernel."""
+    long = H > 1024
+    if gpu.vendor != "AMD":
+        return np.asarray(long)
+    fits = H * 4.0 + 1024 / _WARP_THREADS["AMD"] * 4.0 < _ROCM_SMEM_PER_BLOCK_BYTES
+    return np.asarray(long & ~(fits & (H % _SOFTMAX_ILP == 0)))
 
 
 def row_work(gpu: GPUSpec, family: OpFamily, ops: list[str], dims: npt.NDArray[np.int64]) -> Work:
@@ -111,20 +148,21 @@ def row_work(gpu: GPUSpec, family: OpFamily, ops: list[str], dims: npt.NDArray[n
     B, H = dims[:, 0].astype(np.float64), dims[:, 1].astype(np.float64)
     n = B * H
     if family is OpFamily.SOFTMAX:
-        rows, threads = _softmax_layout(H)
+        rows, threads = _softmax_layout(gpu, H)
         blocks = np.ceil(B / rows)
         elems = rows * H
         inner = H
     elif family is OpFamily.LAYERNORM:
-        threads = np.full_like(B, 128.0)
+        threads = np.full_like(B, _num_threads(gpu))
         blocks = B.copy()
         elems = H
         inner = H
     else:
-        threads = np.full_like(B, 128.0)
-        blocks = np.ceil(n / 512.0)
-        elems = np.minimum(n, 512.0)
-        inner = np.full_like(B, 4.0)
+        threads = np.full_like(B, _num_threads(gpu))
+        per_block = threads * _THREAD_WORK
+        blocks = np.ceil(n / per_block)
+        elems = np.minimum(n, per_block)
+        inner = np.full_like(B, float(_THREAD_WORK))
     passes = _passes(family, ops)
     resident, waves, per_sm = _finish(gpu, blocks, threads, np.full_like(B, _MAX_BLOCKS_PER_SM))
     return Work(

@@ -188,6 +188,30 @@ def test_feature_columns_follow_the_family_names() -> None:
     assert "log2_blocks_per_sm" in rows and rows[-1] == "gpu_is_hbm"
 
 
+def test_row_features_count_the_threads_of_a_rocm_launch() -> None:
+    """ROCm cuts an element-wise kernel into 256-thread blocks of 1,024 elements, CUDA into
+    128 threads and 512, and gives a layer norm's row 256 threads, CUDA 128 (`forecast.tiles`).
+    Element-wise and layer-norm columns count threads: the same element-wise work reads
+    alike on both; a layer norm reads as twice the threads on its rows, and an SM holding
+    as many threads at once (half the rows)."""
+    from forecast.features import build_features, feature_names
+
+    amd = load_gpu("mi210")
+    cuda = amd.model_copy(update={"vendor": "NVIDIA"})
+    n = 1024 * amd.num_sms * 3
+    for family, op, dims, more_threads in [
+        (OpFamily.ELEMENTWISE, "add", (n // 64, 64), 0),
+        (OpFamily.LAYERNORM, "layernorm", (amd.num_sms * 40, 4096), 1),
+    ]:
+        k = KernelSpec(family=family, op=op, dims=dims)
+        diff = build_features(amd, [k]).x[0] - build_features(cuda, [k]).x[0]
+        step = dict(zip(feature_names(family), diff, strict=True))
+        assert step["log2_threads_per_sm"] == more_threads, family
+        assert step["log2_resident_threads"] == 0, family
+        assert step["log2_threads_per_block"] == 1, family  # 256 against 128
+    assert "log2_blocks_per_sm" in feature_names(OpFamily.SOFTMAX)
+
+
 def test_linear_transformer_shapes_weigh_their_share_of_a_gpu() -> None:
     """A GPU's transformer shapes (``test/``) weigh `TEST_SHARE` of its training weight for
     linear, half for the other families; a GPU with one set weighs its rows alike."""

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
-from forecast.dataset import neusight_files
+from forecast.dataset import neusight_files, vendor_files
 from forecast.gpus import GPUSpec, load_gpu
 from forecast.kernels import OpFamily
-from forecast.tiles import gemm_work, row_work
+from forecast.tiles import gemm_work, row_work, softmax_rereads
 
 
 def test_gemm_blocks_waves_and_split_k(tiny_gpu: GPUSpec) -> None:
@@ -57,17 +59,34 @@ def test_long_softmax_rows_take_pytorchs_block_size(tiny_gpu: GPUSpec) -> None:
     assert list(w.blocks) == [64] * len(widths)  # one block a row
 
 
-def test_softmax_threads_match_every_measured_launch(neusight_dir: Path) -> None:
-    """Every NVIDIA softmax row of the data (training and test sets, rows up to 16,384 wide)
-    launched the block `row_work` gives it: ``Block x * Block y`` threads."""
-    frame = pd.concat(
-        pd.read_csv(p) for p in neusight_files(neusight_dir, OpFamily.SOFTMAX)
-    ).drop_duplicates(["H", "Block x", "Block y"])
-    dims = np.stack([np.ones(len(frame), np.int64), frame["H"].to_numpy(np.int64)], axis=1)
-    w = row_work(load_gpu("a100-pcie-40gb"), OpFamily.SOFTMAX, ["softmax"] * len(frame), dims)
-    measured = (frame["Block x"] * frame["Block y"]).to_numpy()
-    assert frame["H"].max() >= 16384
-    assert (w.threads_per_block == measured).all(), frame[w.threads_per_block != measured]
+@pytest.mark.parametrize(
+    ("files", "gpu"), [(neusight_files, "a100-pcie-40gb"), (vendor_files, "mi210")]
+)
+def test_softmax_launches_match_every_measured_row(
+    neusight_dir: Path, files: Callable[[Path, OpFamily], list[Path]], gpu: str
+) -> None:
+    """Every softmax row of the data, NVIDIA (torch 2.1: training and test sets, rows up to
+    16,384 wide) and AMD (torch 2.4.1 for ROCm), launched the grid and block `row_work` gives
+    it, and ran the shared-memory kernel exactly where `softmax_rereads` says the row is read
+    once (widths over 1024; NVIDIA's build has no such kernel)."""
+    frame = pd.concat(pd.read_csv(p) for p in files(neusight_dir, OpFamily.SOFTMAX))
+    frame = frame.drop_duplicates(["B", "H", "Block x", "Block y", "Grid x", "Grid y"])
+    dims = frame[["B", "H"]].to_numpy(np.int64)
+    spec = load_gpu(gpu)
+    w = row_work(spec, OpFamily.SOFTMAX, ["softmax"] * len(frame), dims)
+    threads = (frame["Block x"] * frame["Block y"]).to_numpy()
+    grid = (frame["Grid x"] * frame["Grid y"] * frame["Grid z"]).to_numpy()
+    assert frame["H"].max() >= (16384 if spec.vendor == "NVIDIA" else 4000)
+    assert (w.threads_per_block == threads).all(), frame[w.threads_per_block != threads]
+    # host_softmax launches the warp kernel on chunks of 2^30 elements and the profile shows
+    # the first launch's grid; `row_work` counts the blocks of all of them
+    one_launch = (frame["B"] * frame["H"] <= 2**30).to_numpy()
+    assert (w.blocks == grid)[one_launch].all(), frame[(w.blocks != grid) & one_launch]
+    long = frame["H"].to_numpy() > 1024
+    smem = frame["Kernel Name"].str.contains("SoftMaxForwardSmem").to_numpy()
+    assert smem.any() == (spec.vendor == "AMD")
+    rereads = softmax_rereads(spec, frame["H"].to_numpy(np.float64))
+    assert (rereads == (long & ~smem)).all()
 
 
 def test_layernorm_one_block_per_row(tiny_gpu: GPUSpec) -> None:
