@@ -14,8 +14,10 @@ All functions are vectorised over ``n`` kernels of one family on one GPU and ret
 * memory: copies cut like element-wise.
 
 The launch rules are those of the PyTorch builds the kernel data were measured with (its
-README: NVIDIA on 2.1.0, AMD on 2.4.1 for ROCm), checked against every measured row's grid
-and block (`tests/forecast/test_tiles.py`).
+README: NVIDIA on 2.1.0, AMD on 2.4.1 for ROCm), checked against every measured element-wise,
+softmax and layer-norm row's grid and block on both (`tests/forecast/test_tiles.py`). A call
+PyTorch splits into several launches (a softmax past 2^30 elements, an element-wise operand
+past 2^31 bytes) is counted as one launch of all their blocks, not each launch's tail.
 
 Blocks resident per SM (occupancy) come from the thread limit of the SM's architecture
 and, for GEMM tiles, the register file (accumulators and operand fragments: about

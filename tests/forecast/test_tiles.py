@@ -89,6 +89,31 @@ def test_softmax_launches_match_every_measured_row(
     assert (rereads == (long & ~smem)).all()
 
 
+@pytest.mark.parametrize(
+    ("files", "gpu"), [(neusight_files, "a100-pcie-40gb"), (vendor_files, "mi210")]
+)
+@pytest.mark.parametrize("family", [OpFamily.ELEMENTWISE, OpFamily.LAYERNORM])
+def test_row_launches_match_every_measured_row(
+    neusight_dir: Path, files: Callable[[Path, OpFamily], list[Path]], gpu: str, family: OpFamily
+) -> None:
+    """Every element-wise and layer-norm row of the data launched the grid and block
+    `row_work` gives it: 128 threads (512 elements a block) on NVIDIA's build, 256 (1,024)
+    on ROCm's."""
+    frame = pd.concat(pd.read_csv(p) for p in files(neusight_dir, family))
+    frame = frame.drop_duplicates(["OPName", "B", "H"])
+    # TensorIterator splits a call whose operand passes 2^31 bytes into launches that index
+    # in 32 bits, and the profile shows the first one's grid; `row_work` counts all blocks
+    one_launch = (frame["B"] * frame["H"] * 4 <= 2**31).to_numpy()
+    frame = frame[one_launch | (family is OpFamily.LAYERNORM)]
+    ops = list(frame["OPName"]) if family is OpFamily.ELEMENTWISE else ["layernorm"] * len(frame)
+    w = row_work(load_gpu(gpu), family, ops, frame[["B", "H"]].to_numpy(np.int64))
+    threads = (frame["Block x"] * frame["Block y"] * frame["Block z"]).to_numpy()
+    grid = (frame["Grid x"] * frame["Grid y"] * frame["Grid z"]).to_numpy()
+    assert len(frame) > 1000
+    assert (w.threads_per_block == threads).all(), frame[w.threads_per_block != threads]
+    assert (w.blocks == grid).all(), frame[w.blocks != grid]
+
+
 def test_layernorm_one_block_per_row(tiny_gpu: GPUSpec) -> None:
     w = row_work(tiny_gpu, OpFamily.LAYERNORM, ["layernorm"], np.array([[600, 1216]]))
     assert w.blocks[0] == 600
