@@ -94,13 +94,18 @@ def gemm_work(gpu: GPUSpec, dims: npt.NDArray[np.int64], choice: npt.NDArray[np.
 
 
 _SOFTMAX_ILP = 4  # fp32 elements a thread loads at once (sizeof(float4) / sizeof(float))
-_WARP_THREADS = {"NVIDIA": 32, "AMD": 64}  # C10_WARP_SIZE: a ROCm wavefront is 64 lanes
 _THREAD_WORK = 4  # elements a thread of the vectorised element-wise kernel handles
 _ROCM_SMEM_PER_BLOCK_BYTES = 65536  # LDS a workgroup may hold on CDNA 1-3
 
 
+def _rocm(gpu: GPUSpec) -> bool:
+    """Whether the GPU runs PyTorch's ROCm build (2.4.1 in the data), not its CUDA one (2.1.0)."""
+    return gpu.vendor == "AMD"
+
+
 def _warp(gpu: GPUSpec) -> int:
-    return _WARP_THREADS.get(gpu.vendor, 32)
+    """C10_WARP_SIZE: a ROCm wavefront is 64 lanes."""
+    return 64 if _rocm(gpu) else 32
 
 
 def _num_threads(gpu: GPUSpec) -> float:
@@ -123,7 +128,7 @@ def _softmax_layout(gpu: GPUSpec, H: F64) -> tuple[F64, F64]:
     warp_size = np.minimum(p2, warp)
     rows_per_warp = np.where(p2 <= 128, 2.0, 1.0)
     rows_short = (128 / warp_size) * rows_per_warp
-    if gpu.vendor == "AMD":
+    if _rocm(gpu):
         long_threads = np.ceil(np.minimum(H, 1024) / warp) * warp
     else:
         most = np.maximum(np.minimum(H // _SOFTMAX_ILP, 1024) // 2, 1)
@@ -139,9 +144,9 @@ def softmax_rereads(gpu: GPUSpec, H: F64) -> npt.NDArray[np.bool_]:
     fits and ``H`` is a whole number of ILP vectors (its alignment test; the data's AMD rows
     run it at exactly those widths); torch 2.1 has no such kernel."""
     long = H > 1024
-    if gpu.vendor != "AMD":
+    if not _rocm(gpu):
         return np.asarray(long)
-    fits = H * 4.0 + 1024 / _WARP_THREADS["AMD"] * 4.0 < _ROCM_SMEM_PER_BLOCK_BYTES
+    fits = H * 4.0 + 1024 / _warp(gpu) * 4.0 < _ROCM_SMEM_PER_BLOCK_BYTES
     return np.asarray(long & ~(fits & (H % _SOFTMAX_ILP == 0)))
 
 

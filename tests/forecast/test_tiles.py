@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 import pytest
 
@@ -59,6 +60,13 @@ def test_long_softmax_rows_take_pytorchs_block_size(tiny_gpu: GPUSpec) -> None:
     assert list(w.blocks) == [64] * len(widths)  # one block a row
 
 
+def _launches(frame: pd.DataFrame) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """(threads a block, blocks a grid) of measured rows."""
+    threads = frame["Block x"] * frame["Block y"] * frame["Block z"]
+    grid = frame["Grid x"] * frame["Grid y"] * frame["Grid z"]
+    return threads.to_numpy(np.int64), grid.to_numpy(np.int64)
+
+
 @pytest.mark.parametrize(
     ("files", "gpu"), [(neusight_files, "a100-pcie-40gb"), (vendor_files, "mi210")]
 )
@@ -74,8 +82,7 @@ def test_softmax_launches_match_every_measured_row(
     dims = frame[["B", "H"]].to_numpy(np.int64)
     spec = load_gpu(gpu)
     w = row_work(spec, OpFamily.SOFTMAX, ["softmax"] * len(frame), dims)
-    threads = (frame["Block x"] * frame["Block y"]).to_numpy()
-    grid = (frame["Grid x"] * frame["Grid y"] * frame["Grid z"]).to_numpy()
+    threads, grid = _launches(frame)
     assert frame["H"].max() >= (16384 if spec.vendor == "NVIDIA" else 4000)
     assert (w.threads_per_block == threads).all(), frame[w.threads_per_block != threads]
     # host_softmax launches the warp kernel on chunks of 2^30 elements and the profile shows
@@ -107,8 +114,7 @@ def test_row_launches_match_every_measured_row(
     frame = frame[one_launch | (family is OpFamily.LAYERNORM)]
     ops = list(frame["OPName"]) if family is OpFamily.ELEMENTWISE else ["layernorm"] * len(frame)
     w = row_work(load_gpu(gpu), family, ops, frame[["B", "H"]].to_numpy(np.int64))
-    threads = (frame["Block x"] * frame["Block y"] * frame["Block z"]).to_numpy()
-    grid = (frame["Grid x"] * frame["Grid y"] * frame["Grid z"]).to_numpy()
+    threads, grid = _launches(frame)
     assert len(frame) > 1000
     assert (w.threads_per_block == threads).all(), frame[w.threads_per_block != threads]
     assert (w.blocks == grid).all(), frame[w.blocks != grid]
