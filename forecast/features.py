@@ -17,7 +17,9 @@ re-reads.
 
 The FP32 rate of an SM counts only its FP32-dedicated lanes (Ampere GA10x and Ada SMs
 share half their FP32 lanes with INT32, which SGEMM inner loops need); tensor-core
-dtypes use the catalog's per-dtype peak.
+dtypes use the catalog's per-dtype peak. A power-capped card (the 70 W T4) cannot hold its
+boost clock through an SGEMM: FP32 GEMMs' compute time is taken at the clock its board power
+sustains (`sustained_clock_ratio`).
 """
 
 from __future__ import annotations
@@ -133,11 +135,14 @@ def sm_rate_flops_per_s(gpu: GPUSpec, dtype: Dtype) -> float:
 
 
 def gemm_rate_flops_per_s(gpu: GPUSpec, dtype: Dtype) -> float:
-    """Peak FLOP/s of one SM for GEMMs: FP32 GEMMs use AMD's matrix cores where they exist."""
+    """Peak FLOP/s of one SM for GEMMs: FP32 GEMMs use AMD's matrix cores where they exist,
+    and CUDA-core FP32 the clock the board power sustains (`sustained_clock_ratio`)."""
     if dtype is Dtype.FP32 and gpu.fp32_matrix_flops_per_s is not None:
         return gpu.fp32_matrix_flops_per_s / gpu.num_sms
     if dtype is Dtype.FP32:
-        return 2.0 * gpu.fp32_dedicated_lanes_per_sm * gpu.boost_clock_hz
+        return (
+            2.0 * gpu.fp32_dedicated_lanes_per_sm * gpu.boost_clock_hz * sustained_clock_ratio(gpu)
+        )
     return gpu.peak_for(dtype) / gpu.num_sms
 
 
@@ -148,6 +153,33 @@ def gemm_rate_flops_per_s(gpu: GPUSpec, dtype: Dtype) -> float:
 # GPUs, and TSMC's iso-speed power steps (16 -> 10 -> 7 -> 5 nm: 0.6 x 0.6 x 0.7) put the
 # exponent near 1.2, not below 1.
 _REF_NODE_NM = 12.0
+
+# FP32 SGEMMs on a power-capped card run below the boost clock: a GPU whose board power per
+# FP32 lane-GHz, in 12 nm-equivalents, lies under this holds only that share of its boost
+# clock (clock ~ power at a fixed energy per operation), and its GEMMs' compute time, with
+# every feature read from it, is taken at that clock. Of the training GPUs it slows the T4
+# (0.0172: 0.78 of 1.59 GHz) and the P4 (0.0207: 0.94); the V100, P100 and A100-40GB lie at
+# 0.036-0.044. Chosen by leave-one-GPU-out (five-member ensembles, seeds 0-4), with the
+# lower clock scaling only the time the MLP multiplies (its features at the boost clock)
+# over 0.019 / 0.022 / 0.025: linear 21.3 -> 20.3 / 18.2 / 20.3% (T4 32.0 -> 26.3 / 21.6 /
+# 21.3; seeds 5-9 21.6 -> 18.3% at 0.022), bmm 15.3 -> 14.7% at 0.022 (T4 26.9 -> 22.2,
+# V100 13.2 -> 16.8). The clock in the features too, as here, ties that (linear 18.4% at
+# 0.022) and is one clock for the whole kernel (at 0.030 it scored 25.4%). A card with no
+# board power or process node in its sheet keeps its boost clock.
+_SUSTAIN_NODE_W_PER_LANE_GHZ = 0.022
+
+
+def _lanes_ghz(gpu: GPUSpec) -> float:
+    return gpu.num_sms * gpu.fp32_dedicated_lanes_per_sm * gpu.boost_clock_hz / 1e9
+
+
+def sustained_clock_ratio(gpu: GPUSpec) -> float:
+    """Share of the boost clock ``gpu``'s FP32 SGEMMs sustain under its board power (1 when
+    the sheet gives no board power or process node)."""
+    if gpu.tdp_w is None or gpu.process_nm is None:
+        return 1.0
+    node_watts = gpu.tdp_w * _REF_NODE_NM / gpu.process_nm / _lanes_ghz(gpu)
+    return min(1.0, node_watts / _SUSTAIN_NODE_W_PER_LANE_GHZ)
 
 
 def gpu_features(gpu: GPUSpec, family: OpFamily) -> dict[str, float]:
@@ -167,7 +199,7 @@ def gpu_features(gpu: GPUSpec, family: OpFamily) -> dict[str, float]:
     softmax 13.9 -> 22.7%, layer norm 11.3 -> 18.9%: V100 and A100-40GB held out lost most;
     `benchmarks/feature_ablation.py` with a five-member ensemble per fold).
     """
-    lanes_ghz = gpu.num_sms * gpu.fp32_dedicated_lanes_per_sm * gpu.boost_clock_hz / 1e9
+    lanes_ghz = _lanes_ghz(gpu)
     watts = gpu.tdp_w if gpu.tdp_w is not None else 2.5e-2 * lanes_ghz
     if family is OpFamily.BMM:
         node = _REF_NODE_NM / gpu.process_nm if gpu.process_nm is not None else 1.0
@@ -215,7 +247,7 @@ def reread_memory_s(
     if family is OpFamily.SOFTMAX:
         extra = np.where(softmax_rereads(gpu, width), extra, 0.0)
     reread_bytes = extra * rows * width * 4.0
-    in_flight = gpu.num_sms * np.minimum(work.resident_per_sm, work.blocks_per_sm) * width * 4.0
+    in_flight = gpu.num_sms * work.in_flight_per_sm * width * 4.0
     span = np.log2(_L2_MISS_ABOVE / _L2_HIT_BELOW)
     miss = np.clip(np.log2(in_flight / (_L2_HIT_BELOW * gpu.l2_bytes)) / span, 0.0, 1.0)
     return np.asarray((total_bytes + miss * reread_bytes) / gpu.hbm_bw_bytes_per_s, np.float64)
@@ -223,7 +255,7 @@ def reread_memory_s(
 
 def _common(gpu: GPUSpec, work: Work, compute: F64, memory: F64) -> dict[str, F64]:
     base = np.maximum(compute, memory)
-    resident = np.minimum(work.resident_per_sm, work.blocks_per_sm)
+    resident = work.in_flight_per_sm
     return {
         "log2_compute_over_memory": np.log2(np.maximum(compute, 1e-12) / memory),
         "log2_blocks_per_sm": np.log2(work.blocks_per_sm),

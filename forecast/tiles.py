@@ -57,6 +57,11 @@ class Work:
     bytes_per_block: F64  # operand traffic of one block (from L2 or DRAM)
     inner_len: F64  # elements one block walks along its reduction/row
 
+    @property
+    def in_flight_per_sm(self) -> F64:
+        """Blocks an SM runs at once: as many as it holds, or fewer when fewer are its share."""
+        return np.minimum(self.resident_per_sm, self.blocks_per_sm)
+
 
 def max_threads_per_sm(gpu: GPUSpec) -> int:
     """Resident-thread limit of an SM of this GPU."""

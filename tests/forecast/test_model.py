@@ -167,6 +167,41 @@ def test_bmm_power_feature_counts_the_process_node() -> None:
     assert gpu_features(l4, OpFamily.LINEAR)[raw] < gpu_features(t4, OpFamily.LINEAR)[raw]
 
 
+def test_fp32_gemms_run_at_the_clock_board_power_sustains() -> None:
+    """A 70 W 12 nm T4 holds 0.0172 / 0.022 of its boost clock through an SGEMM: its FP32
+    GEMMs' compute time is the boost-clock time over that share. A 350 W H100 PCIe, a P4 at
+    twice its board power, a sheet without board power or process node, tensor-core dtypes
+    and row kernels keep the boost clock."""
+    from forecast.features import build_features, sustained_clock_ratio
+
+    t4 = load_gpu("t4")
+    share = t4.tdp_w / (t4.num_sms * 64 * t4.boost_clock_hz / 1e9) / 0.022
+    assert sustained_clock_ratio(t4) == pytest.approx(share) and 0.77 < share < 0.79
+    assert sustained_clock_ratio(load_gpu("h100-pcie-80gb")) == 1.0
+    p4 = load_gpu("p4")
+    assert sustained_clock_ratio(p4) < 1.0
+    assert sustained_clock_ratio(p4.model_copy(update={"tdp_w": 150.0})) == 1.0
+    assert sustained_clock_ratio(t4.model_copy(update={"tdp_w": None})) == 1.0
+    assert sustained_clock_ratio(t4.model_copy(update={"process_nm": None})) == 1.0
+    unlimited = t4.model_copy(update={"tdp_w": 1000.0})
+    for family, op in ((OpFamily.LINEAR, "linear"), (OpFamily.BMM, "bmm")):
+        k = KernelSpec(family, (1, 4096, 1024, 4096), Dtype.FP32, op)
+        capped = build_features(t4, [k], np.array([[128, 64, 1]]))
+        free = build_features(unlimited, [k], np.array([[128, 64, 1]]))
+        assert capped.compute_s[0] == pytest.approx(free.compute_s[0] / share)
+        assert capped.memory_s[0] == free.memory_s[0]
+    tc = load_gpu("l4").model_copy(update={"tdp_w": 10.0})
+    assert sustained_clock_ratio(tc) < 0.2
+    k = KernelSpec(OpFamily.LINEAR, (1, 4096, 1024, 4096), Dtype.BF16, "linear")
+    free = load_gpu("l4")
+    assert (
+        build_features(tc, [k], np.array([[128, 64, 1]])).compute_s[0]
+        == build_features(free, [k], np.array([[128, 64, 1]])).compute_s[0]
+    )
+    row = KernelSpec(OpFamily.ELEMENTWISE, (4096, 4096), Dtype.FP32, "add")
+    assert build_features(t4, [row]).base_s[0] == build_features(unlimited, [row]).base_s[0]
+
+
 def test_feature_columns_follow_the_family_names() -> None:
     """Each family's matrix has its named columns in order; GEMMs have no tile columns, the
     tile they run sets their wave-quantised base time."""
