@@ -10,6 +10,9 @@ them would be tuned to them. Reads ``../shared/data/neusight`` (or ``--data``); 
 written. A GEMM family takes 5-10 minutes on one core with five members. ``--floor``: row
 families are scored as `TileMLPModel.predict_s` forecasts them, at least their DRAM floor at the
 fold's fraction of peak (`forecast.tile_mlp.dram_floor_s`, `forecast.train.fit_dram_fraction`).
+``--sustain W``: GEMMs with another power cut for the sustained clock of power-capped cards
+(`forecast.features.sustained_clock_ratio`; 0 = every card at its boost clock), as the shipped
+0.022 was compared with 0.019, 0.025 and none.
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+import forecast.features
 from forecast.dataset import GEMM_DIMS, TRAIN_DEVICES, default_data_dir, trained_families
 from forecast.evaluate import neusight_test_rows, unseen_devices
 from forecast.features import build_features, feature_names
 from forecast.gpus import load_gpu
-from forecast.kernels import GEMM_FAMILIES, OpFamily
+from forecast.kernels import GEMM_FAMILIES, OpFamily, batch_bytes
 from forecast.mlp import TileEnsemble
 from forecast.tile_mlp import dram_floor_s
 from forecast.train import (
@@ -86,7 +90,9 @@ def held_out_errors(
                 pred = fb.base_s * np.exp(ens(torch.from_numpy(fb.x[:, keep])).double().numpy())
             if elem is not None:
                 fraction = fit_dram_fraction(elem, devices)
-                pred = np.maximum(pred, dram_floor_s(kernels, gpu, fraction))
+                dims = np.array([k.dims for k in kernels], dtype=np.int64)
+                nbytes = batch_bytes(kernels[0], dims, [k.op for k in kernels])
+                pred = np.maximum(pred, dram_floor_s(nbytes, gpu, fraction))
             out[device] = float(np.abs(pred / r["latency_s"].to_numpy() - 1).mean() * 100)
     return out
 
@@ -99,7 +105,16 @@ def main() -> None:
     parser.add_argument("--members", type=int, default=MEMBERS, help="MLPs per ensemble")
     parser.add_argument("--data", type=Path, default=None, help="NeuSight data folder")
     parser.add_argument("--floor", action="store_true", help="row families: with the DRAM floor")
+    parser.add_argument(
+        "--sustain",
+        type=float,
+        default=None,
+        help="GEMMs: board watts per 12 nm-equivalent FP32 lane-GHz that holds the boost clock "
+        "(shipped: 0.022; 0: every card at its boost clock)",
+    )
     args = parser.parse_args()
+    if args.sustain is not None:  # read by features.sustained_clock_ratio at each call
+        forecast.features._SUSTAIN_NODE_W_PER_LANE_GHZ = args.sustain or 1e-300
     torch.set_num_threads(1)
     family = OpFamily(args.family)
     drop = [c for c in args.drop.split(",") if c]
@@ -111,6 +126,8 @@ def main() -> None:
     logo = [errors[d] for d in TRAIN_DEVICES if d in errors]
     dropped = ", ".join(drop) or "none"
     floor = ", with the DRAM floor" if args.floor else ""
+    if args.sustain is not None:
+        floor += f", sustained-clock cut {args.sustain}"
     mean = f"{np.mean(logo):.1f}%"
     print(f"{family.value}: leave-one-GPU-out mean {mean} (dropped: {dropped}{floor})")
 
