@@ -165,7 +165,8 @@ _REF_NODE_NM = 12.0
 # 21.3; seeds 5-9 21.6 -> 18.3% at 0.022), bmm 15.3 -> 14.7% at 0.022 (T4 26.9 -> 22.2,
 # V100 13.2 -> 16.8). The clock in the features too, as here, ties that (linear 18.4% at
 # 0.022) and is one clock for the whole kernel (at 0.030 it scored 25.4%). A card with no
-# board power or process node in its sheet keeps its boost clock.
+# board power or process node in its sheet keeps its boost clock. `python
+# benchmarks/feature_ablation.py linear --sustain 0.025` reruns such a comparison.
 _SUSTAIN_NODE_W_PER_LANE_GHZ = 0.022
 
 
