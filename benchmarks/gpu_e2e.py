@@ -33,7 +33,9 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -70,17 +72,21 @@ def build(config: dict, device: str, dtype: torch.dtype, tiny: bool) -> torch.nn
     cls = getattr(transformers, arch, None)
     if arch == "BertLMHeadModel":  # NeuSight's BERT trace ends in MLM + NSP heads
         cls = transformers.BertForPreTraining
+    if cls is None:
+        raise SystemExit(
+            f"transformers has no model class {arch!r} (from the config's architectures)"
+        )
     with torch.device(device):
         model = cls._from_config(cfg, attn_implementation="eager", dtype=dtype)
     return model.to(device)
 
 
-def _outputs(out: object) -> list[torch.Tensor]:
+def _outputs(out: Any) -> list[torch.Tensor]:
     vals = out.to_tuple() if hasattr(out, "to_tuple") else out
     return [v for v in vals if isinstance(v, torch.Tensor) and v.is_floating_point()]
 
 
-def _timer(device: str):
+def _timer(device: str) -> Callable[[], float]:
     if device == "cpu":
         t0 = time.perf_counter()
         return lambda: time.perf_counter() - t0
@@ -95,7 +101,7 @@ def _timer(device: str):
     return stop
 
 
-def step(model, ids, mode: str, device: str) -> tuple[float, float]:
+def step(model: torch.nn.Module, ids: torch.Tensor, mode: str, device: str) -> tuple[float, float]:
     """Forward and backward seconds of one step (backward 0 for inference)."""
     if mode == "inf":
         with torch.no_grad():

@@ -30,6 +30,8 @@ class GPT2Config:
 class Attention(nn.Module):
     """Causal multi-head self-attention with one fused qkv projection."""
 
+    future: torch.Tensor  # the causal mask, a buffer
+
     def __init__(self, cfg: GPT2Config) -> None:
         super().__init__()
         self.heads = cfg.heads
