@@ -114,6 +114,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.sustain is not None:  # read by features.sustained_clock_ratio at each call
+        # 0: a cut so low that every card's share of its boost clock comes out 1
         forecast.features._SUSTAIN_NODE_W_PER_LANE_GHZ = args.sustain or 1e-300
     torch.set_num_threads(1)
     family = OpFamily(args.family)
@@ -125,11 +126,11 @@ def main() -> None:
         print(f"{family.value:11s} {split:17s} {device:26s} {err:5.1f}%")
     logo = [errors[d] for d in TRAIN_DEVICES if d in errors]
     dropped = ", ".join(drop) or "none"
-    floor = ", with the DRAM floor" if args.floor else ""
+    options = ", with the DRAM floor" if args.floor else ""
     if args.sustain is not None:
-        floor += f", sustained-clock cut {args.sustain}"
+        options += f", sustained-clock cut {args.sustain}"
     mean = f"{np.mean(logo):.1f}%"
-    print(f"{family.value}: leave-one-GPU-out mean {mean} (dropped: {dropped}{floor})")
+    print(f"{family.value}: leave-one-GPU-out mean {mean} (dropped: {dropped}{options})")
 
 
 if __name__ == "__main__":

@@ -174,13 +174,18 @@ def _lanes_ghz(gpu: GPUSpec) -> float:
     return gpu.num_sms * gpu.fp32_dedicated_lanes_per_sm * gpu.boost_clock_hz / 1e9
 
 
+def _node_watts_per_lane_ghz(gpu: GPUSpec, watts: float) -> float:
+    """``watts`` per FP32 lane-GHz of ``gpu`` in 12 nm-equivalents (unscaled without a node)."""
+    node = _REF_NODE_NM / gpu.process_nm if gpu.process_nm is not None else 1.0
+    return watts * node / _lanes_ghz(gpu)
+
+
 def sustained_clock_ratio(gpu: GPUSpec) -> float:
     """Share of the boost clock ``gpu``'s FP32 SGEMMs sustain under its board power (1 when
     the sheet gives no board power or process node)."""
     if gpu.tdp_w is None or gpu.process_nm is None:
         return 1.0
-    node_watts = gpu.tdp_w * _REF_NODE_NM / gpu.process_nm / _lanes_ghz(gpu)
-    return min(1.0, node_watts / _SUSTAIN_NODE_W_PER_LANE_GHZ)
+    return min(1.0, _node_watts_per_lane_ghz(gpu, gpu.tdp_w) / _SUSTAIN_NODE_W_PER_LANE_GHZ)
 
 
 def gpu_features(gpu: GPUSpec, family: OpFamily) -> dict[str, float]:
@@ -203,8 +208,8 @@ def gpu_features(gpu: GPUSpec, family: OpFamily) -> dict[str, float]:
     lanes_ghz = _lanes_ghz(gpu)
     watts = gpu.tdp_w if gpu.tdp_w is not None else 2.5e-2 * lanes_ghz
     if family is OpFamily.BMM:
-        node = _REF_NODE_NM / gpu.process_nm if gpu.process_nm is not None else 1.0
-        return {"log2_gpu_node_watts_per_lane_ghz": float(np.log2(watts * node / lanes_ghz))}
+        node_watts = _node_watts_per_lane_ghz(gpu, watts)
+        return {"log2_gpu_node_watts_per_lane_ghz": float(np.log2(node_watts))}
     power = {"log2_gpu_watts_per_lane_ghz": float(np.log2(watts / lanes_ghz))}
     if family in GEMM_FAMILIES:
         return power
