@@ -194,6 +194,14 @@ def param_itemsize_bytes(dtype: Dtype) -> int:
     return max(2, ITEMSIZE_BYTES[dtype])
 
 
+def checkpoint_bytes(num_params: float, dtype: Dtype) -> float:
+    """Bytes of a training checkpoint: the weights (`param_itemsize_bytes`), their fp32 master
+    copy when they are not fp32 and two fp32 Adam moments, as `step_memory` holds them
+    (gradients and activations are not saved)."""
+    item = param_itemsize_bytes(dtype)
+    return num_params * (item + (0 if item == 4 else 4) + 8)
+
+
 def step_memory(
     *,
     num_params: float,

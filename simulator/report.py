@@ -170,11 +170,14 @@ def procurement_table(rows: Sequence[Row], *, by: str = "tokens") -> str:
     option and size without one says why (`unranked_contexts`)."""
     header = ["option", "GPUs", "best layout", "tokens/s", "MFU", "causal MFU", "days", "cost $"]
     header += ["MWh"]
+    failing = any(r.get("goodput") is not None for r in rows)  # a [reliability] table
+    header += ["goodput"] if failing else []
     lines = []
     where = {r["context"]: r for r in rows}
     for ctx, r, (_, why) in procurement_entries(rows, by):
         if r is None:
-            lines.append([where[ctx]["option"], str(where[ctx]["num_gpus"]), why, *["-"] * 6])
+            dashes = ["-"] * (len(header) - 3)
+            lines.append([where[ctx]["option"], str(where[ctx]["num_gpus"]), why, *dashes])
             continue
         days = None if r["time_to_train_s"] is None else r["time_to_train_s"] / 86400
         lines.append(
@@ -188,6 +191,7 @@ def procurement_table(rows: Sequence[Row], *, by: str = "tokens") -> str:
                 amount_text(days),
                 amount_text(r["cost_usd"]),
                 amount_text(r["energy_mwh"]),
+                *([_fmt(r.get("goodput"), ".1%")] if failing else []),
             ]
         )
     return _table(header, lines)

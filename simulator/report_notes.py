@@ -61,7 +61,24 @@ def _basis(rows: Sequence[Row]) -> list[str]:
         "(`sweep.train_tokens`), in whole optimizer steps: time = ceil(budget / (global batch "
         "x sequence length)) x the layout's simulated step time; cost = GPUs x hours x "
         "price_per_gpu_hour; energy = GPUs x power_w_per_gpu x time, with the scenario's "
-        "power per GPU as given (no facility overhead, PUE, is added)."
+        "power per GPU as given (no facility overhead, PUE, is added).",
+        *_reliability_note(rows),
+    ]
+
+
+def _reliability_note(rows: Sequence[Row]) -> list[str]:
+    """How interruptions enter the time (said only with a ``[reliability]`` table)."""
+    good = [r["goodput"] for r in rows if r.get("goodput") is not None]
+    if not good:
+        return []
+    return [
+        "* With the scenario's `[reliability]` table, time (and so cost and energy) is the "
+        "expected wall time of those steps on a cluster interrupted at random every "
+        "gpu_mtbf_hours / GPUs on average, resuming from its last checkpoint (J. T. Daly "
+        "2006): checkpoint writes, work lost since the last checkpoint and restarts included, "
+        "checkpoints at the interval that minimises it unless the scenario sets one. "
+        f"`goodput` = failure-free time / that time: {min(good):.1%} to {max(good):.1%} here. "
+        "Failure rates, checkpoint and restart times are the scenario's inputs."
     ]
 
 
@@ -102,7 +119,8 @@ COLUMNS = """\
   and its size.
 * `days`, `cost $`, `MWh`: time, cost and energy to train the token budget `sweep.train_tokens`
   in whole steps of the layout's step time (`-` without the budget, a price or a power; see
-  Notes).
+  Notes), with interruptions and checkpoints when the scenario has a `[reliability]` table.
+* `goodput` (with a `[reliability]` table): the share of that time spent training.
 * Top-layouts figure: each step's critical path split into compute, exposed communication by
   kind (time on the critical path spent in tp, cp, ep, pp or dp communication that compute did
   not hide) and the optimizer; the parts add up to the step."""

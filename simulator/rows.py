@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from forecast.files import write_atomic, write_text_atomic
+from simulator.reliability import Checkpointing, run_with_failures
 
 Row = dict[str, Any]
 
@@ -78,12 +79,15 @@ RESULT_COLUMNS = (
     "time_to_train_s",
     "cost_usd",
     "energy_mwh",
+    "goodput",
+    "checkpoint_s",
+    "checkpoint_interval_s",
     "error",
 )
 COLUMNS = LAYOUT_COLUMNS + RESULT_COLUMNS
 # Columns added after rows were first written: a rows.jsonl an older tilesim wrote lacks them,
 # and `saved_rows.load_rows` reads them as null there (`tilesim plot` of an older sweep).
-LATER_COLUMNS = ("mfu_causal", "hfu_causal")
+LATER_COLUMNS = ("mfu_causal", "hfu_causal", "goodput", "checkpoint_s", "checkpoint_interval_s")
 # Whole-number columns; the last two are null in screen rows, and a table column of numbers and
 # nulls became floats ("8.0" in rows.csv) in one sweep and stayed whole ("8") in another.
 INT_COLUMNS = (
@@ -108,14 +112,25 @@ def train_steps(train_tokens: float, tokens_per_step: int) -> int:
     return math.ceil(Fraction(train_tokens) / tokens_per_step)
 
 
-def add_training_cost(row: Row, *, tokens_per_step: int) -> Row:
+def add_training_cost(
+    row: Row, *, tokens_per_step: int, checkpointing: Checkpointing | None = None
+) -> Row:
     """Fill time to train, cost and energy: `train_steps` whole steps of the row's step time
     (``tokens_per_step`` = global batch x sequence length), then GPU-hours x price and x power.
-    The budget over tokens/s counted a fraction of a last step no run can take."""
+    The budget over tokens/s counted a fraction of a last step no run can take. With
+    ``checkpointing`` the time is the expected wall time of those steps with interruptions,
+    checkpoints and restarts (`simulator.reliability`), paid for and powered throughout, and
+    the row has its goodput and checkpoint interval."""
     step_s, tokens = row.get("iteration_s"), row.get("train_tokens")
     if not step_s or not row.get("tokens_per_s") or not tokens:
         return row
     seconds = train_steps(tokens, tokens_per_step) * step_s
+    if checkpointing is not None:
+        run = run_with_failures(seconds, checkpointing)
+        seconds = run.wall_s
+        row["goodput"] = run.goodput
+        row["checkpoint_s"] = checkpointing.checkpoint_s
+        row["checkpoint_interval_s"] = run.interval_s
     gpu_hours = seconds / 3600.0 * row["num_gpus"]
     row["time_to_train_s"] = seconds
     if row.get("price_per_gpu_hour") is not None:

@@ -31,6 +31,7 @@ from simulator.model_section import INLINE_KEYS, ModelSection, inline_model
 from simulator.models import ModelSpec, load_model
 from simulator.opgraph import MAX_TOKENS, default_attention
 from simulator.parallel import RunConfig
+from simulator.reliability_section import ReliabilitySection
 from topologies import Cluster, TopologyError
 
 # strict: a TOML ``true`` or ``2.0`` is not a GPU count, nor ``"yes"`` a switch
@@ -96,6 +97,7 @@ class Scenario(BaseModel):
     training: TrainingSection
     run: RunConfig = RunConfig()
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
+    reliability: ReliabilitySection | None = None
     base_dir: str = "."
 
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from simulator.cluster_section import ClusterSection
 from simulator.model_section import ModelSection
 from simulator.parallel import RunConfig
+from simulator.reliability_section import ReliabilitySection
 from simulator.rows import RUN_KEYS
 from simulator.scenario import StudySection, TrainingSection
 
@@ -23,6 +24,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("cluster", ClusterSection),
     ("training", TrainingSection),
     ("run", RunConfig),
+    ("reliability", ReliabilitySection),
 )
 SWEEP_TEXT = f"""\
 Lists under `[sweep]`: the `[run]` keys {", ".join(f"`{k}`" for k in RUN_KEYS)} (every
@@ -30,13 +32,15 @@ combination is a layout; a key not listed, and every other `[run]` key, takes it
 value), plus `world_size` (cluster sizes; default `cluster.num_gpus`). A procurement
 study adds `train_tokens = [N]`, the token budget: a run takes whole optimizer steps, steps =
 ceil(N / tokens per step) with tokens per step = training.global_batch_size x
-model.seq_len, and time to train = steps x the layout's step time. It also adds
-`[[sweep.options]]` tables, one per cluster option: `id`,
-`gpu`, `server`, `network`, optional `num_gpus` (a list), `gpus_per_node`, `nics_per_node`, and
-the user's `price_per_gpu_hour` (US$ per GPU-hour, all-in: cost = GPUs x hours x price) and
+model.seq_len, and time to train = steps x the layout's step time (with a `[reliability]`
+table, the expected wall time of those steps with interruptions, checkpoints and restarts).
+It also adds `[[sweep.options]]` tables, one per cluster option: `id`, `gpu`, `server`,
+`network`, optional `num_gpus` (a list), `gpus_per_node`, `nics_per_node`, and the user's
+`price_per_gpu_hour` (US$ per GPU-hour, all-in: cost = GPUs x hours x price),
 `power_w_per_gpu` (watts per GPU while training, as the user counts it: the board alone, or
 its server's draw over its GPUs with CPUs and NICs; energy = GPUs x power x time, no PUE
-added); prices and powers are positive and at most 1e6, the budget at least one optimizer
+added) and `gpu_mtbf_hours` (the option's own, replacing `[reliability]`'s); prices, powers
+and MTBFs are positive, prices and powers at most 1e6, the budget at least one optimizer
 step's tokens and at most 1e18, an `id` one line without `|`. `--set TABLE.KEY=VALUE` on
 `tilesim simulate` and `tilesim sweep` overrides any key (`--set run.tp=8`)."""
 

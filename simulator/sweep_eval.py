@@ -144,14 +144,16 @@ def _screen_row(row: Row, cache: ScreenCache, run: RunConfig) -> None:
 
 
 def _simulate_row(row: Row, shared: Shared, p: Point, run: RunConfig) -> None:
-    inputs = shared.contexts[p.context].inputs
+    ctx = shared.contexts[p.context]
+    inputs = ctx.inputs
     res = simulate(inputs, run, shared.tables[p.context]).to_row()
     exposed = res.pop("exposed_comm_s")
     res.pop("dp")
     row.update({k: v for k, v in res.items() if k in row})
     row.update({f"exposed_{k}_s": v for k, v in exposed.items()})
     row["status"] = "ok" if res["fits"] else "infeasible"
-    add_training_cost(row, tokens_per_step=inputs.global_batch_size * inputs.seq_len)
+    tokens_per_step = inputs.global_batch_size * inputs.seq_len
+    add_training_cost(row, tokens_per_step=tokens_per_step, checkpointing=ctx.checkpointing)
 
 
 _SCREEN_CACHES: OrderedDict[tuple[str, int], ScreenCache] = OrderedDict()

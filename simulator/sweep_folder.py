@@ -29,6 +29,8 @@ OUTPUTS = (PROGRESS, PROGRESS_META, "scenario.resolved.json", *RESULTS)
 def digest(scenario: Scenario) -> str:
     """A short hash of everything the scenario (with its --set overrides) asks for."""
     dump = scenario.model_dump(mode="json", exclude={"base_dir"})
+    if dump["reliability"] is None:  # the folders of sweeps from before the table keep theirs
+        del dump["reliability"]
     return hashlib.sha256(json.dumps(dump, sort_keys=True).encode()).hexdigest()[:10]
 
 

@@ -25,11 +25,13 @@ from pydantic import ValidationError
 from simulator.cluster_section import MAX_GPUS, ClusterSection
 from simulator.errors import ConfigError
 from simulator.parallel import RunConfig
+from simulator.reliability import Checkpointing
+from simulator.reliability_section import MAX_HOURS, checkpointing
 from simulator.rows import RUN_KEYS
 from simulator.scenario import Scenario, SimInputs, resolve
 
 OPTION_KEYS = {"id", "gpu", "server", "network", "num_gpus", "gpus_per_node"}
-OPTION_KEYS |= {"nics_per_node", "price_per_gpu_hour", "power_w_per_gpu"}
+OPTION_KEYS |= {"nics_per_node", "price_per_gpu_hour", "power_w_per_gpu", "gpu_mtbf_hours"}
 SWEEP_KEYS = {*RUN_KEYS, "world_size", "options", "train_tokens"}
 
 
@@ -44,6 +46,7 @@ class Context:
     network: str
     price_per_gpu_hour: float | None
     power_w_per_gpu: float | None
+    checkpointing: Checkpointing | None = None  # with a [reliability] table
 
 
 def _values(scenario: Scenario, key: str) -> list[Any]:
@@ -83,6 +86,7 @@ LIMITS = {
     "price_per_gpu_hour": (1e6, "US$ per GPU-hour", "; or leave it out: no cost for the option"),
     "power_w_per_gpu": (1e6, "W per GPU", "; or leave it out: no energy for the option"),
     "train_tokens": (1e18, "tokens", ", e.g. [2e12]"),
+    "gpu_mtbf_hours": (MAX_HOURS, "hours", "; or leave it out: [reliability]'s applies"),
 }
 
 
@@ -129,9 +133,14 @@ def _options(scenario: Scenario) -> list[tuple[str, dict[str, Any]]]:
         if set(opt) - OPTION_KEYS:
             bad = sorted(set(opt) - OPTION_KEYS)
             raise ConfigError(f"sweep.options[{i}]: unknown keys {bad}; use {sorted(OPTION_KEYS)}")
-        for key in ("price_per_gpu_hour", "power_w_per_gpu"):
+        for key in ("price_per_gpu_hour", "power_w_per_gpu", "gpu_mtbf_hours"):
             if key in opt:
                 _number(opt[key], f"sweep.options[{i}].{key}", key)
+        if "gpu_mtbf_hours" in opt and scenario.reliability is None:  # it would be ignored
+            raise ConfigError(
+                f"sweep.options[{i}].gpu_mtbf_hours: no [reliability] table; add one with "
+                "gpu_mtbf_hours, restart_s and checkpoint_s (`tilesim list keys`)"
+            )
         if "num_gpus" in opt:  # validated once here, de-duplicated for `_contexts`
             opt = {**opt, "num_gpus": _gpu_counts(opt["num_gpus"], f"sweep.options[{i}].num_gpus")}
         name = _option_name(opt, i, scenario.cluster.gpu)
@@ -203,6 +212,18 @@ def _contexts(scenario: Scenario) -> list[Context]:
                 if not named or not str(e).startswith("cluster"):
                     raise  # the model's errors are not the option's
                 raise ConfigError(f"sweep.options[{i}] ({name}, {n} GPUs): {e}") from e
+            ckpt = None
+            if scenario.reliability is not None:
+                ckpt = checkpointing(
+                    scenario.reliability,
+                    num_gpus=n,
+                    model=inputs.model,
+                    dtype=inputs.dtype,
+                    gpu_mtbf_hours=opt.get("gpu_mtbf_hours"),
+                    where=f"sweep.options[{i}] ({name})"
+                    if "gpu_mtbf_hours" in opt
+                    else "reliability",
+                )
             out.append(
                 Context(
                     id=f"{name}@{n}",
@@ -212,6 +233,7 @@ def _contexts(scenario: Scenario) -> list[Context]:
                     network=section.network or "",
                     price_per_gpu_hour=opt.get("price_per_gpu_hour"),
                     power_w_per_gpu=opt.get("power_w_per_gpu"),
+                    checkpointing=ckpt,
                 )
             )
     return out

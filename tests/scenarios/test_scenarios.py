@@ -41,4 +41,9 @@ def test_procurement_lists_options_with_prices() -> None:
     options = {c.option for c in space.contexts}
     assert options == {"h100", "h200", "b200"}
     assert all(c.price_per_gpu_hour and c.power_w_per_gpu for c in space.contexts)
+    # [reliability]: 50,000 GPU-hours between interruptions, shared by the cluster's GPUs
+    assert all(c.checkpointing for c in space.contexts)
+    assert {
+        c.checkpointing.mtbf_s * c.inputs.num_gpus for c in space.contexts if c.checkpointing
+    } == {50_000 * 3600.0}
     assert space.train_tokens == 2.0e12
