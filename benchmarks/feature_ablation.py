@@ -9,7 +9,11 @@ mean: the number feature choices in `forecast/features.py` were made by. The uns
 them would be tuned to them. Reads ``../shared/data/neusight`` (or ``--data``); nothing is
 written. A GEMM family takes 5-10 minutes on one core with five members. ``--floor``: row
 families are scored as `TileMLPModel.predict_s` forecasts them, at least their DRAM floor at the
-fold's fraction of peak (`forecast.tile_mlp.dram_floor_s`, `forecast.train.fit_dram_fraction`).
+fold's fraction of peak (`forecast.tile_mlp.dram_floor_s`, `forecast.train.fit_dram_fraction`)
+and, for softmax and layer norm, the fold's element-wise forecast of a unary kernel of their
+shape scaled to their bytes (`forecast.tile_mlp.STREAM_FLOORED`; the element-wise family is
+trained in each fold too). The row envelope (`ROWS_MONOTONE`) and the small-kernel floor are
+not applied.
 ``--sustain W``: GEMMs with another power cut for the sustained clock of power-capped cards
 (`forecast.features.sustained_clock_ratio`; 0 = every card at its boost clock), as the shipped
 0.022 was compared with 0.019, 0.025 and none.
@@ -25,13 +29,20 @@ import torch
 from tqdm import tqdm
 
 import forecast.features
-from forecast.dataset import GEMM_DIMS, TRAIN_DEVICES, default_data_dir, trained_families
+from forecast.dataset import (
+    GEMM_DIMS,
+    TRAIN_DEVICES,
+    Measurements,
+    default_data_dir,
+    trained_families,
+)
 from forecast.evaluate import neusight_test_rows, unseen_devices
 from forecast.features import build_features, feature_names
 from forecast.gpus import load_gpu
-from forecast.kernels import GEMM_FAMILIES, OpFamily, batch_bytes
+from forecast.kernels import GEMM_FAMILIES, KernelSpec, OpFamily, batch_bytes
 from forecast.mlp import TileEnsemble
-from forecast.tile_mlp import dram_floor_s
+from forecast.tile_mlp import STREAM_FLOORED, STREAM_OP, dram_floor_s
+from forecast.tilepick import TilePicker
 from forecast.train import (
     DEFAULT_EPOCHS,
     EPOCHS,
@@ -67,17 +78,11 @@ def held_out_errors(
     for held in tqdm(folds, desc=f"{family.value} folds", unit="fold"):
         devices = [d for d in TRAIN_DEVICES if d != held]
         picker = build_picker(meas, devices)
-        xs, ys, ws = [], [], []
-        for fb, r in device_batches(meas[family], family, picker, devices).values():
-            xs.append(fb.x[:, keep])
-            ys.append(np.log(r["latency_s"].to_numpy() / fb.base_s))
-            ws.append(row_weights(r, TEST_SHARE.get(family, 0.5)))
-        x, y, w = np.concatenate(xs), np.concatenate(ys), np.concatenate(ws)
-        ens = TileEnsemble(x.shape[1], members=members)
-        epochs = EPOCHS.get(family, DEFAULT_EPOCHS)
-        for i in range(members):
-            ens.members[i] = fit_mlp(x, y, w, epochs=epochs, seed=SEED + i)
-        ens.eval()
+        ens = _fit(family, meas[family], picker, devices, keep, members)
+        stream = None
+        if elem is not None and family in STREAM_FLOORED:
+            every = list(range(len(feature_names(OpFamily.ELEMENTWISE))))
+            stream = _fit(OpFamily.ELEMENTWISE, elem, picker, devices, every, members)
         for device in [held] if held is not None else unseen_devices(rows):
             r = test[test["Device"] == device]
             gpu = load_gpu(device)
@@ -93,8 +98,41 @@ def held_out_errors(
                 dims = np.array([k.dims for k in kernels], dtype=np.int64)
                 nbytes = batch_bytes(kernels[0], dims, [k.op for k in kernels])
                 pred = np.maximum(pred, dram_floor_s(nbytes, gpu, fraction))
+            if stream is not None:  # `TileMLPModel._rows_s`: a unary element-wise kernel's
+                unary = [KernelSpec(OpFamily.ELEMENTWISE, k.dims, op=STREAM_OP) for k in kernels]
+                fb_u = build_features(gpu, unary, None)
+                with torch.no_grad():
+                    out_u = stream(torch.from_numpy(fb_u.x)).double().numpy()
+                unary_bytes = batch_bytes(unary[0], dims)
+                unary_s = np.maximum(
+                    fb_u.base_s * np.exp(out_u), dram_floor_s(unary_bytes, gpu, fraction)
+                )
+                pred = np.maximum(pred, unary_s * nbytes / unary_bytes)
             out[device] = float(np.abs(pred / r["latency_s"].to_numpy() - 1).mean() * 100)
     return out
+
+
+def _fit(
+    family: OpFamily,
+    meas: Measurements,
+    picker: TilePicker,
+    devices: list[str],
+    keep: list[int],
+    members: int,
+) -> TileEnsemble:
+    """A ``members``-MLP ensemble of ``family`` on ``devices``' rows, feature columns ``keep``."""
+    xs, ys, ws = [], [], []
+    for fb, r in device_batches(meas, family, picker, devices).values():
+        xs.append(fb.x[:, keep])
+        ys.append(np.log(r["latency_s"].to_numpy() / fb.base_s))
+        ws.append(row_weights(r, TEST_SHARE.get(family, 0.5)))
+    x, y, w = np.concatenate(xs), np.concatenate(ys), np.concatenate(ws)
+    ens = TileEnsemble(x.shape[1], members=members)
+    epochs = EPOCHS.get(family, DEFAULT_EPOCHS)
+    for i in range(members):
+        ens.members[i] = fit_mlp(x, y, w, epochs=epochs, seed=SEED + i)
+    ens.eval()
+    return ens
 
 
 def main() -> None:
@@ -104,7 +142,11 @@ def main() -> None:
     parser.add_argument("--drop", default="", help="comma-separated feature columns to remove")
     parser.add_argument("--members", type=int, default=MEMBERS, help="MLPs per ensemble")
     parser.add_argument("--data", type=Path, default=None, help="NeuSight data folder")
-    parser.add_argument("--floor", action="store_true", help="row families: with the DRAM floor")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="row families: with the DRAM floor (softmax, layer norm: and the element-wise one)",
+    )
     parser.add_argument(
         "--sustain",
         type=float,

@@ -10,6 +10,7 @@ training set are never seen, so their rows measure how the model carries to a ne
 from __future__ import annotations
 
 import hashlib
+import platform
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -194,6 +195,17 @@ def fit_dram_fraction(meas: Measurements, devices: Sequence[str]) -> float:
     return round(float(per_device.max()), 4) if len(per_device) else 1.0
 
 
+def trained_with() -> dict[str, str]:
+    """The Python and library versions a fit ran on. The same code, data and seeds train the
+    same bytes on one set of them; another set can train other weights (2026-12-07: a fresh
+    environment's weights differed from the committed ones by up to 0.5 in one tensor, and
+    moved held-out errors by up to 0.2 points), so model.json records them."""
+    return {
+        "python": platform.python_version(),
+        **{m.__name__: m.__version__ for m in (np, pd, torch)},
+    }
+
+
 def load_family_data(data_dir: Path, families: Sequence[OpFamily]) -> dict[OpFamily, Measurements]:
     """Measurements of each family (training and test files) from a NeuSight data folder."""
     return {f: load_measurements(neusight_files(data_dir, f)) for f in families}
@@ -229,5 +241,6 @@ def train_model(
         "data_sha256": data_hash(files),
         "seed": SEED,
         "members": MEMBERS,
+        "trained_with": trained_with(),
     }
     return TileMLPModel(mlps=mlps, picker=picker, memory=memory, meta=meta, dram_fraction=fraction)

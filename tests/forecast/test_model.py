@@ -263,3 +263,33 @@ def test_linear_transformer_shapes_weigh_their_share_of_a_gpu() -> None:
     assert np.ptp(w[is_test]) == 0 and np.ptp(w[~is_test]) == 0
     assert row_weights(rows)[is_test].sum() == pytest.approx(0.5)
     assert np.all(row_weights(rows[is_test], share) == pytest.approx(1 / 3))
+
+
+@pytest.mark.parametrize("gpu_id", ["l4", "a100-pcie-80gb", "t4", "h100-sxm5-80gb"])
+def test_softmax_and_layer_norm_stream_no_faster_than_an_element_wise_kernel(gpu_id: str) -> None:
+    """A softmax or layer norm moving more bytes than the L2 holds takes at least what the
+    shipped element-wise MLP forecasts a relu of its shape to take, scaled to its bytes; one
+    the L2 holds keeps the forecast it has without that floor (the floor once doubled a
+    one-row layer norm's launch-bound forecast)."""
+    from dataclasses import replace as copy
+
+    model = load_latency_model("tile-mlp")
+    assert isinstance(model, TileMLPModel)
+    no_floor = copy(
+        model, mlps={f: m for f, m in model.mlps.items() if f is not OpFamily.ELEMENTWISE}
+    )
+    gpu = load_gpu(gpu_id)
+    shapes = [(1, 32), (4, 1024), (64, 4096), (8192, 1280), (65536, 4096), (1, 2**22)]
+    for family, extra in ((OpFamily.SOFTMAX, 0), (OpFamily.LAYERNORM, 2)):
+        ks = [KernelSpec(family, s) for s in shapes]
+        relu = model.predict_s(
+            [KernelSpec(OpFamily.ELEMENTWISE, s, op="relu") for s in shapes], gpu
+        )
+        got, without = model.predict_s(ks, gpu), no_floor.predict_s(ks, gpu)
+        for k, t, t0, r in zip(ks, got, without, relu, strict=True):
+            b, h = k.dims
+            if k.bytes() > gpu.l2_bytes:
+                assert t >= r * (2 * b * h + extra * h) / (2 * b * h) * (1 - 1e-12), k
+                assert t >= t0
+            else:
+                assert t == t0, k
