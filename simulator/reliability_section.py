@@ -25,8 +25,8 @@ MAX_SECONDS = 1e9  # ~32 years: a checkpoint, restart or interval past it is a t
 class ReliabilitySection(BaseModel):
     """Interruptions and checkpoints (optional): with this table, time to train, cost and energy
     are the expected wall time of a run that is interrupted at random and resumes from its
-    last checkpoint (J. T. Daly 2006), and each row has a goodput. Give checkpoint_s or
-    checkpoint_write_bytes_per_s."""
+    last checkpoint (J. T. Daly 2006), and each row has a goodput. Needs a token budget
+    (sweep.train_tokens); give checkpoint_s or checkpoint_write_bytes_per_s."""
 
     model_config = _FROZEN
     gpu_mtbf_hours: float = Field(

@@ -246,7 +246,13 @@ def checked_sweep(scenario: Scenario) -> tuple[list[list[Any]], list[Context], f
     if unknown:
         raise ConfigError(f"sweep: unknown keys {sorted(unknown)}; use {sorted(SWEEP_KEYS)}")
     grid = [_values(scenario, k) for k in RUN_KEYS]
-    return grid, _contexts(scenario), _train_tokens(scenario)
+    tokens = _train_tokens(scenario)
+    if scenario.reliability is not None and tokens is None:  # it would change nothing
+        raise ConfigError(
+            "reliability: interruptions price the time to train a token budget, and the "
+            "scenario has none; add sweep.train_tokens = [N] (e.g. [2e12]) or remove [reliability]"
+        )
+    return grid, _contexts(scenario), tokens
 
 
 def check_sweep(scenario: Scenario) -> None:

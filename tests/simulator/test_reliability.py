@@ -127,6 +127,7 @@ def test_an_option_s_mtbf_and_the_write_bandwidth_reach_each_context() -> None:
     sets = (
         *RELIABLE[:2],
         "reliability.checkpoint_write_bytes_per_s=1e9",
+        "sweep.train_tokens=[1e9]",
         "sweep.world_size=[4, 8]",
         'sweep.options=[{id = "a"}, {id = "b", gpu_mtbf_hours = 100}]',
     )
@@ -167,10 +168,21 @@ def test_bad_reliability_input_is_one_line_before_any_work(
 ) -> None:
     out = tmp_path / "out"
     argv = ["sweep", str(TINY), "--serial", "--no-progress", "--out", str(out)]
-    for s in sets:
+    for s in ("sweep.train_tokens=[1e9]", *sets):
         argv += ["--set", s]
     assert main(argv) == 2
     error_line(capsys, *words)
+    assert not out.exists()
+
+
+def test_reliability_without_a_token_budget_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The table prices the time to train a budget; without one it would change nothing."""
+    out = tmp_path / "out"
+    argv = ["sweep", str(TINY), "--serial", "--no-progress", "--out", str(out)]
+    assert main([*argv, *(x for s in RELIABLE for x in ("--set", s))]) == 2
+    error_line(capsys, "reliability", "sweep.train_tokens")
     assert not out.exists()
 
 
