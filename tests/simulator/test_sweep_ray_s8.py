@@ -37,11 +37,17 @@ def test_ctrl_c_while_ray_starts_stops_the_ray_it_started(monkeypatch: pytest.Mo
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr(ray, "shutdown", lambda: calls.append("shutdown"))
-    before = signal.getsignal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt):
-        sweep._ray_init(RayOptions(workers=2))
-    assert calls == ["init finished", "shutdown"]
-    assert signal.getsignal(signal.SIGINT) is before
+    # Python's own Ctrl-C handler, as at a terminal: a shell that starts the tests in the
+    # background (`nohup ... &`) has them ignore SIGINT, and no Ctrl-C would arrive
+    ignored = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        before = signal.getsignal(signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):
+            sweep._ray_init(RayOptions(workers=2))
+        assert calls == ["init finished", "shutdown"]
+        assert signal.getsignal(signal.SIGINT) is before
+    finally:
+        signal.signal(signal.SIGINT, ignored)
 
 
 @pytest.mark.ray
