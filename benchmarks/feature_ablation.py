@@ -10,10 +10,10 @@ them would be tuned to them. Reads ``../shared/data/neusight`` (or ``--data``); 
 written. A GEMM family takes 5-10 minutes on one core with five members. ``--floor``: row
 families are scored as `TileMLPModel.predict_s` forecasts them, at least their DRAM floor at the
 fold's fraction of peak (`forecast.tile_mlp.dram_floor_s`, `forecast.train.fit_dram_fraction`)
-and, for softmax and layer norm, the fold's element-wise forecast of a unary kernel of their
-shape scaled to their bytes (`forecast.tile_mlp.STREAM_FLOORED`; the element-wise family is
-trained in each fold too). The row envelope (`ROWS_MONOTONE`) and the small-kernel floor are
-not applied.
+and, for softmax and layer norm moving more bytes than the L2 holds, the fold's element-wise
+forecast of a unary kernel of their shape scaled to their bytes
+(`forecast.tile_mlp.STREAM_FLOORED`; the element-wise family is trained in each fold too).
+The row envelope (`ROWS_MONOTONE`) and the small-kernel floor are not applied.
 ``--sustain W``: GEMMs with another power cut for the sustained clock of power-capped cards
 (`forecast.features.sustained_clock_ratio`; 0 = every card at its boost clock), as the shipped
 0.022 was compared with 0.019, 0.025 and none.
@@ -107,7 +107,8 @@ def held_out_errors(
                 unary_s = np.maximum(
                     fb_u.base_s * np.exp(out_u), dram_floor_s(unary_bytes, gpu, fraction)
                 )
-                pred = np.maximum(pred, unary_s * nbytes / unary_bytes)
+                streamed = nbytes > gpu.l2_bytes  # as `_rows_s`: kernels the L2 holds keep theirs
+                pred = np.where(streamed, np.maximum(pred, unary_s * nbytes / unary_bytes), pred)
             out[device] = float(np.abs(pred / r["latency_s"].to_numpy() - 1).mean() * 100)
     return out
 

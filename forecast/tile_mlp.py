@@ -99,8 +99,9 @@ class TileMLPModel:
         shape takes for the same bytes (`STREAM_FLOORED`)."""
         nbytes = batch_bytes(like, dims, ops)
         floor_s = dram_floor_s(nbytes, gpu, self.dram_fraction)
-        streamed = nbytes > gpu.l2_bytes
-        if family in STREAM_FLOORED and OpFamily.ELEMENTWISE in self.mlps and streamed.any():
+        floored = family in STREAM_FLOORED and OpFamily.ELEMENTWISE in self.mlps
+        streamed = nbytes > gpu.l2_bytes if floored else np.zeros(len(dims), dtype=bool)
+        if streamed.any():
             unary = KernelSpec(OpFamily.ELEMENTWISE, (1, 1), like.dtype, STREAM_OP)
             big = dims[streamed]
             stream_s = self._rows_s(OpFamily.ELEMENTWISE, unary, big, [STREAM_OP] * len(big), gpu)
