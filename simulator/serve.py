@@ -77,8 +77,9 @@ class ServeResult(BaseModel):
     kv_cache_gib: float
     memory_gib: float  # weights + KV cache + the prefill's activations
     fits: bool
-    max_batch: int  # the largest batch that fits (0: the weights alone do not)
+    max_batch: int  # the largest batch that fits (0: not even one sequence)
     activations_gib: float  # the prefill's live activations, the rest of memory_gib
+    usable_gib: float  # GPU memory a forecast may fill (`usable_bytes`: less the reserve)
 
 
 def kv_cache_bytes(model: ModelSpec, req: ServeRequest) -> float:
@@ -224,4 +225,5 @@ def summarise(p: PassTimes, gpu: GPUSpec) -> ServeResult:
         memory_gib=total / GIB,
         fits=total <= usable_bytes(gpu),
         max_batch=max_batch(p.local, gpu, req),
+        usable_gib=usable_bytes(gpu) / GIB,
     )

@@ -180,7 +180,8 @@ def serve_text(res: ServeResult, req: ServeRequest) -> str:
     if req.tp > 1:
         lines.append(f"  {'of which TP collectives':30}{res.comm_ms:10.2f} ms")
     lines.append(
-        f"  memory per GPU {res.memory_gib:.2f} GiB (weights {res.weights_gib:.2f}, KV cache "
+        f"  memory per GPU {res.memory_gib:.2f} GiB of {res.usable_gib:.2f} usable (weights "
+        f"{res.weights_gib:.2f}, KV cache "
         f"{res.kv_cache_gib:.2f}, prefill activations {res.activations_gib:.2f})\n"
         f"  {_verdict(res)}"
     )
@@ -188,11 +189,21 @@ def serve_text(res: ServeResult, req: ServeRequest) -> str:
 
 
 def _verdict(res: ServeResult) -> str:
-    """Whether the batch fits, and the largest that does (0: the weights alone do not)."""
+    """Whether the batch fits, and the largest that does; when none does, whether the weights
+    alone overflow or one sequence's KV cache and prefill activations do."""
     fits = "fits" if res.fits else "does NOT fit"
-    if res.max_batch == 0:
-        return f"{fits}: the weights alone do not fit in GPU memory"
-    return f"{fits}; the largest batch that fits is {res.max_batch:,}"
+    if res.max_batch > 0:
+        return f"{fits}; the largest batch that fits is {res.max_batch:,}"
+    if res.weights_gib > res.usable_gib:
+        return (
+            f"{fits}: the weights alone do not fit in GPU memory ({res.weights_gib:.2f} of "
+            f"{res.usable_gib:.2f} GiB usable)"
+        )
+    return (
+        f"{fits}: not even one sequence fits: its KV cache and prefill activations need more "
+        f"than the {res.usable_gib - res.weights_gib:.2f} GiB the weights leave of "
+        f"{res.usable_gib:.2f} GiB usable (shorten the prompt or generation, or raise --tp)"
+    )
 
 
 def _print(res: ServeResult, req: ServeRequest) -> None:

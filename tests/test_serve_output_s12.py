@@ -102,7 +102,7 @@ def test_json_keeps_every_key_and_adds_the_activations(
 ) -> None:
     assert main([*SERVE, "--gpu", A100, "--gen", "4", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == OLD_KEYS | {"activations_gib"}
+    assert set(out) == OLD_KEYS | {"activations_gib", "usable_gib"}
     parts = out["weights_gib"] + out["kv_cache_gib"] + out["activations_gib"]
     assert parts == pytest.approx(out["memory_gib"])
 
@@ -209,3 +209,21 @@ def test_collective_line_prints_small_rates_and_long_times_readably() -> None:
     assert "0.0 GB/s" not in small and "algbw 0.00" in small
     big = describe(collective_estimate("all-reduce", 1e9, tuple(range(16)), cluster))
     assert " ms," in big and "us," not in big
+
+
+def test_a_context_too_long_for_one_sequence_is_not_blamed_on_the_weights(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Llama 3 8B on an 80 GB H100 with a 2^20-token prompt: 15 GiB of weights fit, one
+    sequence's KV cache (128 GiB) and prefill activations do not; serve said "the weights alone
+    do not fit in GPU memory"."""
+    argv = ["serve", "--model", "llama3-8b", "--gpu", "h100-sxm5-80gb", "--batch", "1"]
+    argv += ["--prompt", str(2**20), "--gen", "1", "--latency-model", "roofline-derated"]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "weights alone" not in out
+    assert "does NOT fit: not even one sequence fits" in out
+    assert "GiB the weights leave of 79.00 GiB usable" in out  # 80 GiB less the 1 GiB reserve
+    assert main([*argv, "--json"]) == 1
+    res = json.loads(capsys.readouterr().out)
+    assert res["max_batch"] == 0 and res["weights_gib"] < res["usable_gib"] == 79.0

@@ -137,6 +137,7 @@ def test_serve_at_gen_1_says_there_is_no_decode_pass(monkeypatch: pytest.MonkeyP
             memory_gib=15.0,
             fits=True,
             max_batch=8,
+            usable_gib=79.0,
         )
 
     curve = PassTimes(req, None, [], [0.158], [0.0], [{}])  # type: ignore[arg-type]

@@ -252,6 +252,7 @@ def _serve_figure(monkeypatch: pytest.MonkeyPatch) -> Figure:
             memory_gib=15.0 + 0.1 * b,
             fits=b <= 143,
             max_batch=143,
+            usable_gib=79.0,
         )
 
     passes = [1, 16, 32, 48, 63]

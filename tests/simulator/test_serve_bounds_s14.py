@@ -123,6 +123,7 @@ def test_a_rate_under_one_hundredth_prints_its_digits() -> None:
         fits=False,
         max_batch=0,
         activations_gib=274.7,
+        usable_gib=79.0,
     )
     text = serve_text(res, ServeRequest(batch=1, prompt=1_000_000, gen=2))
     assert "0.0033 output tokens/s" in text
