@@ -89,7 +89,13 @@ def kernel_of_row(r: object) -> KernelSpec:
 def read_table(path: Path) -> pd.DataFrame:
     """Read one .csv or .csv.gz file; a `DataError` if it cannot be read."""
     if not path.is_file():
-        what = "a folder" if path.is_dir() else "no such file"
+        what = (
+            "a folder"
+            if path.is_dir()
+            else "not a regular file (a device, pipe or socket)"
+            if path.exists()
+            else "no such file"
+        )
         raise DataError(f"cannot read {path}: {what} (give a .csv or .csv.gz path)")
     # .gz or plain text only: pandas also guessed .zip/.bz2/.xz/.tar from the name, and a bad
     # .zip was a BadZipFile traceback

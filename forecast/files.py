@@ -16,13 +16,27 @@ from typing import Any
 NOT_REGULAR = "is not a regular file (a device, pipe or socket); give a file path"
 
 
+MAX_TOML_BYTES = 16 * 2**20  # a GPU, model or scenario file is a few KB
+
+
+def read_capped(path: Path, limit_bytes: int) -> bytes:
+    """At most ``limit_bytes`` of ``path``, or `ValueError` where it holds more: /dev/zero or
+    an endless pipe was read until memory ran out (a pipe, such as ``<(...)``, is still read)."""
+    with path.open("rb") as f:
+        data = f.read(limit_bytes + 1)
+    if len(data) > limit_bytes:
+        raise ValueError(f"it holds more than {limit_bytes / 2**20:g} MiB")
+    return data
+
+
 def read_toml(path: Path, what: str, error: type[Exception]) -> dict[str, Any]:
     """A TOML file's table, or ``error`` with one line naming ``what`` it is and why it cannot
-    be read (missing, unreadable, not UTF-8, not TOML): GPU, model and scenario files alike."""
+    be read (missing, unreadable, over `MAX_TOML_BYTES`, not UTF-8, not TOML): GPU, model and
+    scenario files alike. A UTF-8 byte-order mark (some Windows editors write one) is skipped."""
     try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        text = read_capped(path, MAX_TOML_BYTES).decode("utf-8-sig")
+        return tomllib.loads(text)
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and TOMLDecodeError among them
         raise error(f"cannot read {what} {path} as TOML (UTF-8): {e}") from e
 
 

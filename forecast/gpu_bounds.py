@@ -35,17 +35,41 @@ LIMITS: dict[str, float] = {
     "fp32_matrix_flops_per_s": 1e18,
 }
 PEAK_LIMIT_FLOPS_PER_S = 1e18
+# lower bounds, 100x or more under the least of the catalog (P4: 192 GB/s of DRAM, 8 GB, a
+# 2 MB L2; clocks over 1 GHz): 1e-3 B/s of DRAM forecast a linear layer at 3.6e9 s
+FLOORS: dict[str, float] = {
+    "hbm_bw_bytes_per_s": 1e9,
+    "boost_clock_hz": 1e7,
+    "hbm_bytes": 1e8,
+    "l2_bytes": 1e4,
+}
+# `memory_type` picks the row kernels' reachable share of DRAM bandwidth (HBM or not): a
+# typo ("XYZ") was read as GDDR without a word
+MEMORY_TYPES = ("HBM", "GDDR", "LPDDR", "DDR")
 FP32_AGREEMENT = 0.10  # the FP32 peak within 10% of 2 x SMs x lanes x boost clock
 
 
 def _too_large(gpu: GPUSpec) -> str | None:
-    """The first field over its bound, as an error message naming it, or None."""
+    """The first field over its bound or under its floor, or a `memory_type` that names no DRAM,
+    as an error message naming it, or None."""
     values = {name: getattr(gpu, name) for name in LIMITS}
     values |= {f"peak_flops_per_s.{d.value}": v for d, v in gpu.peak_flops_per_s.items()}
     for name, value in values.items():
         limit = LIMITS.get(name, PEAK_LIMIT_FLOPS_PER_S)
         if value is not None and value > limit:
             return f"field {name!r} must be at most {limit:g}, got {value:g}; give the GPU's value"
+    for name, floor in FLOORS.items():
+        if getattr(gpu, name) < floor:
+            return (
+                f"field {name!r} must be at least {floor:g}, got {getattr(gpu, name):g}; give "
+                "the GPU's value in SI units"
+            )
+    kind = gpu.memory_type.upper()
+    if kind != "UNKNOWN" and not kind.startswith(MEMORY_TYPES):
+        return (
+            f"field 'memory_type' is {gpu.memory_type!r}; give the DRAM technology (HBM2e, "
+            "HBM3, GDDR6, LPDDR5X, ...) or 'unknown'"
+        )
     return None
 
 

@@ -74,9 +74,12 @@ class GPUSpec(BaseModel):
         """Peak FLOP/s for a dtype, or a `GPUError` naming the dtypes this GPU supports."""
         if dtype not in self.peak_flops_per_s:
             have = ", ".join(sorted(self.peak_flops_per_s))
+            # a device sheet says it is one (it gives FP32 alone); the catalog's record is known
+            sheet = self.sources and self.id not in self.sources[0]
+            where = f" ({self.sources[0]})" if sheet else ""
             raise GPUError(
-                f"dtype {dtype.value}: {self.id} has no {dtype.value} peak in its catalog; "
-                f"use one of {have}"
+                f"dtype {dtype.value}: {self.id}{where} has no {dtype.value} peak on file; use "
+                f"one of {have}, or a GPU file that gives a {dtype.value} peak"
             )
         return self.peak_flops_per_s[dtype]
 

@@ -47,7 +47,8 @@ def _from_toml(path: Path) -> GPUSpec:
 
 
 def _with_catalog_facts(spec: GPUSpec) -> GPUSpec:
-    """Complete a device sheet with the catalog's architecture facts for the same device."""
+    """Complete a device sheet with the catalog's architecture facts for the same device,
+    its tensor-core peaks among them (a sheet gives FP32 alone)."""
     try:
         cat = _catalog_by_neusight_name()[spec.name]
     except KeyError:
@@ -67,6 +68,7 @@ def _with_catalog_facts(spec: GPUSpec) -> GPUSpec:
             "regs_bytes_per_sm": cat.regs_bytes_per_sm,
             "fp32_matrix_flops_per_s": cat.fp32_matrix_flops_per_s,
             "memory_type": cat.memory_type,
+            "peak_flops_per_s": {**cat.peak_flops_per_s, **spec.peak_flops_per_s},
         }
     )
 

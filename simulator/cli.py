@@ -7,6 +7,8 @@ errors in `USER_ERRORS`; `main` prints it as one line and exits 2, with no trace
 from __future__ import annotations
 
 import argparse
+import errno
+import io
 import json
 import math
 import os
@@ -31,6 +33,7 @@ from simulator.sweep_commands import add_sweep_commands
 from topologies import OPS, Degradation, TopologyError, collective_estimate, load_cluster
 from topologies import report as topo_report
 from topologies.measured import compare, load_measured
+from topologies.spec import MAX_OVERSUBSCRIPTION
 
 # Errors that mean "the user asked for something wrong": one line, exit 2.
 USER_ERRORS: tuple[type[Exception], ...] = (
@@ -99,14 +102,14 @@ def _add_collective(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="TIER:NODE:GPU:SCALE",
         help="scale a link, e.g. inter:0:3:0.5 (the NIC node 0's GPU 3 uses, at half rate: "
         "every GPU sharing that NIC slows; intra: the GPU's NVLink, or its PCIe x16 link on a "
-        "PCIe server; * = all); repeatable, and the scales of one link multiply",
+        "PCIe server; * = all); repeatable, and the scales of one link multiply (down to 0.001)",
     )
     p.add_argument(
         "--oversubscription",
         type=float,
         default=1.0,
         metavar="R",
-        help="leaf down:up bandwidth of the fat tree, >= 1 (default: 1, non-blocking)",
+        help="leaf down:up bandwidth of the fat tree, 1-64 (default: 1, non-blocking)",
     )
     p.add_argument(
         "--nodes-per-leaf",
@@ -170,10 +173,10 @@ def _collective(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--gpus {args.gpus}: a collective needs 2 or more ranks; use --gpus 2 or more"
         )
-    if not (math.isfinite(args.oversubscription) and args.oversubscription >= 1):
+    if not (1 <= args.oversubscription <= MAX_OVERSUBSCRIPTION):  # NaN fails both
         raise ConfigError(
-            f"--oversubscription {args.oversubscription:g}: give a finite ratio >= 1 "
-            "(1 = non-blocking)"
+            f"--oversubscription {args.oversubscription:g}: give a ratio from 1 (non-blocking) "
+            f"to {MAX_OVERSUBSCRIPTION:g}"
         )
     if args.nodes_per_leaf < 1:
         raise ConfigError(f"--nodes-per-leaf {args.nodes_per_leaf}: give 1 or more nodes")
@@ -270,8 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; return the exit code (0 ok, 1 infeasible, 2 bad input, 130
-    interrupted)."""
+    """Run one command; return the exit code (0 ok, 1 infeasible, 2 bad input or a file the
+    system cannot write or read, such as on a full disk, 130 interrupted)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -290,5 +293,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("tilesim: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # output piped into `head`: stop quietly, as Unix tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _silence_stdout()
         return 0
+    except OSError as e:  # a full disk, /dev/full, an I/O error: what the system said, one line
+        where = f" ({e.filename})" if e.filename else ""
+        fix = "; free space or give another output path" if e.errno == errno.ENOSPC else ""
+        print(f"tilesim: error: {e.strerror or e}{where}{fix}", file=sys.stderr)
+        _silence_stdout()  # stdout may be what failed: the last flush would fail again, loudly
+        return 2
+
+
+def _silence_stdout() -> None:
+    """Point stdout's descriptor at /dev/null, so that the interpreter's final flush of what
+    could not be written stays quiet (no descriptor, as under pytest's capture: nothing to do)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return
+    os.dup2(os.open(os.devnull, os.O_WRONLY), fd)

@@ -21,6 +21,7 @@ from topologies import (
     load_server,
     nics_kept,
 )
+from topologies.spec import MAX_NICS_PER_NODE, MAX_OVERSUBSCRIPTION
 
 # strict: a TOML ``true`` or ``2.0`` is not a GPU count, nor ``"yes"`` a switch
 _FROZEN = ConfigDict(frozen=True, extra="forbid", strict=True)
@@ -54,12 +55,18 @@ class ClusterSection(BaseModel):
         description="default and upper bound: the server's; its NICs follow, at the server's "
         "GPUs per NIC (DGX-1, 2 a NIC: 4 GPUs keep 2 NICs), unless nics_per_node is set",
     )
-    nics_per_node: int | None = Field(default=None, ge=0, description="default: the server's")
+    nics_per_node: int | None = Field(
+        default=None, ge=0, le=MAX_NICS_PER_NODE, description="default: the server's"
+    )
     nodes_per_leaf: int = Field(
         default=32, gt=0, description="nodes under one leaf switch group (SuperPOD SU: 32)"
     )
     oversubscription: float = Field(
-        default=1.0, ge=1, description="leaf down:up bandwidth ratio (1 = non-blocking fat tree)"
+        default=1.0,
+        ge=1,
+        le=MAX_OVERSUBSCRIPTION,
+        allow_inf_nan=False,
+        description="leaf down:up bandwidth ratio (1 = non-blocking fat tree; at most 64)",
     )
 
 

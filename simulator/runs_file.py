@@ -12,15 +12,20 @@ import json
 from pathlib import Path
 from typing import Any
 
+from forecast.files import read_capped
 from simulator.errors import ConfigError
+
+MAX_RUNS_BYTES = 256 * 2**20  # about a million runs; /dev/zero was read until memory ran out
 
 
 def read_run_lines(path: Path) -> list[bytes]:
     """The file's lines; a `ConfigError` naming ``--runs`` when none of them can be a run."""
     try:  # bytes: a line that is not UTF-8 is that line's error, not the whole file's
-        raw = path.read_bytes().splitlines()
+        raw = read_capped(path, MAX_RUNS_BYTES).splitlines()
     except OSError as e:
         raise ConfigError(f"--runs {path}: cannot read it ({e.strerror or e})") from None
+    except ValueError as e:
+        raise ConfigError(f"--runs {path}: {e}; split it into smaller files") from None
     if not any(line.strip() for line in raw):
         raise ConfigError(f"--runs {path}: no runs in it; give one JSON object per line")
     if not any(_utf8(line) for line in raw if line.strip()):  # not a text file at all

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from forecast.files import read_toml
 from forecast.flash_attention import FLASH_ATTENTION_AMD_ISAS, has_flash_attention
@@ -46,6 +46,14 @@ class StudySection(BaseModel):
         min_length=1, description="the study's name; a sweep writes to results/<name>/<hash>/"
     )
     description: str = Field(default="", description="free text for the report")
+
+    @field_validator("name")
+    @classmethod
+    def _one_line(cls, name: str) -> str:
+        # a newline in it made the report a second heading and split the simulate summary
+        if "|" in name or not name.isprintable():
+            raise ValueError(f"{name!r}: give one line without '|', e.g. \"gpt3-175b-h100\"")
+        return name
 
 
 Attention = Literal["flash", "unfused"]
@@ -151,7 +159,9 @@ def parse_scenario(raw: dict[str, Any], *, source: str, base_dir: Path) -> Scena
         loc = ".".join(str(x) for x in first["loc"])
         if first["type"] == "extra_forbidden":
             raise ConfigError(f"{source}: {_unknown_key(first['loc'])}") from e
-        raise ConfigError(f"{source}: key {loc!r}: {first['msg']}") from e
+        raise ConfigError(
+            f"{source}: key {loc!r}: {str(first['msg']).removeprefix('Value error, ')}"
+        ) from e
 
 
 def _unknown_key(loc: tuple[int | str, ...]) -> str:
@@ -212,6 +222,11 @@ def resolve_attention(t: TrainingSection, gpu: GPUSpec) -> Attention:
                 'attention; use auto or unfused, or framework = "megatron"'
             )
         return "unfused"
+    if t.attention == "flash" and default_attention(t.dtype) != "flash":
+        raise ConfigError(  # it was priced with fp32 flash kernels that do not exist
+            f"training.attention: flash, but FlashAttention has no {t.dtype} kernels (fp16, "
+            "bf16 and fp8 only); use auto or unfused, or a 16- or 8-bit training.dtype"
+        )
     flash_ok = has_flash_attention(gpu)
     if t.attention == "auto":
         return default_attention(t.dtype) if flash_ok else "unfused"

@@ -24,6 +24,7 @@ from simulator.errors import (
     ConfigError,
     add_set_option,
     cannot_write_in,
+    check_writable_above,
     path_arg,
     refuse_special_file,
 )
@@ -100,6 +101,7 @@ def _simulate(args: argparse.Namespace) -> int:
         inputs, scenario.run, latency_table(inputs, [scenario.run])
     )
     if args.trace is not None:
+        args.trace.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(args.trace, lambda tmp: write_trace(timeline, tmp))  # whole or nothing
     if args.json:
         print(json.dumps(result.to_row()))
@@ -138,12 +140,16 @@ def step_lines(inputs: SimInputs, run: RunConfig, result: StepResult) -> list[st
 
 
 def _check_trace_path(path: Path) -> None:
-    """``--trace`` names a file this run can write: not a folder, its folder existing."""
+    """``--trace`` names a file this run can write: not a folder, in a folder that exists or
+    that it can create (as the figures' paths are: `figures.save`)."""
     if path.is_dir() or not path.name:
         raise ConfigError(f"--trace {path} is a folder; give a file name such as step.json")
     refuse_special_file(path, "--trace")
+    if not path.parent.exists():
+        check_writable_above(path.parent, f"--trace {path}")
+        return
     if not path.parent.is_dir():
-        raise ConfigError(f"--trace {path}: {path.parent} is not a folder; create it first")
+        raise ConfigError(f"--trace {path}: {path.parent} is not a folder; give another path")
     why = cannot_write_in(path.parent)
     if why:
         raise ConfigError(

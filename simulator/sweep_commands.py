@@ -185,8 +185,8 @@ def _sweep(args: argparse.Namespace) -> int:
         _check_args(args)
         scenario = load_scenario(find_scenario(args.scenario), overrides=tuple(args.overrides))
         space = enumerate_space(scenario)
-        if not space.points:
-            raise InfeasibleConfig(
+        if not space.points:  # every layout broke a rule: the lists are bad input (exit 2)
+            raise ConfigError(
                 f"no valid layout in the sweep ({space.pruned} pruned: {space.pruned_text()}); "
                 "widen the [sweep] lists"
             )

@@ -100,14 +100,14 @@ def test_a_step_graph_of_minutes_is_refused() -> None:
 
 def test_a_sweep_prunes_layouts_whose_graph_is_too_big(tmp_path: Path) -> None:
     """A sweep simulated such layouts for minutes; it prunes them, naming the rule, and with
-    none left says so (exit 1, as for any sweep without a valid layout) and writes nothing.
+    none left says so (exit 2, as for any sweep without a valid layout) and writes nothing.
     Fewest micro-batches of the tiny sweep: 10^7 / (micro-batch 2 x dp 8) = 625,000."""
     out = tmp_path / "out"
     p = _tilesim(
         "sweep", str(TINY), "--set", "training.global_batch_size=10000000", "--serial",
         "--no-progress", "--out", str(out),
     )  # fmt: skip
-    _refused(p, "no valid layout", "graph", code=1)
+    _refused(p, "no valid layout", "graph", code=2)
     assert not out.exists()
 
 

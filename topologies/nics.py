@@ -12,16 +12,17 @@ a PCIe server its x16 link).
 
 from __future__ import annotations
 
-from topologies.spec import ClusterSpec, ServerSpec, TierKind, TopologyError
+from topologies.spec import MIN_BW_SCALE, ClusterSpec, ServerSpec, TierKind, TopologyError
 
 
 def link_scale(spec: ClusterSpec, tier: TierKind, node: int, local: int) -> float:
-    """Product of the degradations of GPU ``local``'s link on ``tier`` (its own, not a NIC's)."""
+    """Product of the degradations of GPU ``local``'s link on ``tier`` (its own, not a NIC's),
+    at least `MIN_BW_SCALE`."""
     scale = 1.0
     for d in spec.degradations:
         if d.tier == tier and d.node in (None, node) and d.local_rank in (None, local):
             scale *= d.bw_scale
-    return scale
+    return max(scale, MIN_BW_SCALE)
 
 
 def nic_of(server: ServerSpec, local: int) -> int:
@@ -33,13 +34,13 @@ def nic_of(server: ServerSpec, local: int) -> int:
 def nic_scale(spec: ClusterSpec, node: int, local: int) -> float:
     """Degradation of the NIC GPU ``local`` uses: ``inter:NODE:GPU:SCALE`` scales the NIC that
     GPU reaches the network by, so every GPU sharing it slows too (flags naming the same NIC
-    multiply, as flags on one link do)."""
+    multiply, as flags on one link do, down to `MIN_BW_SCALE`)."""
     scale, mine = 1.0, nic_of(spec.server, local)
     for d in spec.degradations:
         named = d.local_rank is None or nic_of(spec.server, d.local_rank) == mine
         if d.tier == "inter" and d.node in (None, node) and named:
             scale *= d.bw_scale
-    return scale
+    return max(scale, MIN_BW_SCALE)
 
 
 def pcie_link(server: ServerSpec) -> tuple[float, float] | None:

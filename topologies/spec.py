@@ -26,6 +26,13 @@ _Float = Annotated[float, Strict()]
 _Rate = Annotated[_Float, Field(ge=1e6, le=1e15)]
 _Latency = Annotated[_Float, Field(ge=0, le=1.0)]
 _Efficiency = Annotated[_Float, Field(ge=0.01, le=1)]
+# Leaf down:up ratios in deployed fat trees run 1:1 to about 8:1; past 64:1 a leaf's uplinks
+# are no fabric (1e300 printed a 300-digit step time, inf crashed the scenario check).
+MAX_OVERSUBSCRIPTION = 64.0
+# The least share of its rate a degraded link keeps, one flag's or the product of several
+# (110 flags of 0.001 on one link multiplied to 0: a collective of Infinity seconds).
+MIN_BW_SCALE = 1e-3
+MAX_NICS_PER_NODE = 1024  # a GB200 NVL72 rack as one node has 72; 1e20 passed as "a multiple"
 
 
 class TopologyError(ValueError):
@@ -117,7 +124,7 @@ class ServerSpec(_Frozen):
         description="a GPU's PCIe x16 link to its NIC on an NVSwitch or mesh fabric (on a PCIe "
         "fabric `intra` is that link); None: not on file, the NIC is not capped by it",
     )
-    nics_per_node: _Int = Field(ge=0)
+    nics_per_node: _Int = Field(ge=0, le=MAX_NICS_PER_NODE)
     default_network: str | None = Field(description="network id of the compute NICs")
     max_nodes: _Int = Field(gt=0, description="largest vetted scale-out fabric for this server")
     sources: tuple[str, ...] = ()
@@ -250,7 +257,7 @@ class Degradation(_Frozen):
     node: int | None = Field(default=None, ge=0)
     local_rank: int | None = Field(default=None, ge=0)
     # 1e-320 priced a collective at inf s; a link at 0.1% of its rate is degraded enough
-    bw_scale: float = Field(ge=1e-3, le=1)
+    bw_scale: float = Field(ge=MIN_BW_SCALE, le=1)
 
 
 class ClusterSpec(_Frozen):
@@ -260,7 +267,9 @@ class ClusterSpec(_Frozen):
     network: NetworkSpec | None
     num_nodes: int = Field(gt=0)
     nodes_per_leaf: int = Field(default=32, gt=0, description="nodes under one leaf group (SU)")
-    oversubscription: float = Field(default=1.0, ge=1, description="leaf down:up bandwidth")
+    oversubscription: float = Field(
+        default=1.0, ge=1, le=MAX_OVERSUBSCRIPTION, description="leaf down:up bandwidth"
+    )
     degradations: tuple[Degradation, ...] = ()
 
     @property

@@ -184,7 +184,7 @@ def test_catalog_model_with_inline_sizes_is_refused(capsys: pytest.CaptureFixtur
     assert "drop the inline key(s) n_layers" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("trace", ["", "folder", "file/x.json", "missing/x.json"])
+@pytest.mark.parametrize("trace", ["", "folder", "file/x.json", "file/missing/x.json"])
 def test_cli_trace_path_is_checked_before_work(
     trace: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -13,7 +13,7 @@ from simulator.cli import main
 
 def test_nothing_left_names_the_rules(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["sweep", "tiny-gpt-8gpu", "--serial", "--out", str(tmp_path / "o")]
-    assert main([*args, "--set", "sweep.tp=[3]"]) == 1
+    assert main([*args, "--set", "sweep.tp=[3]"]) == 2  # bad input: no layout to forecast
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "no valid layout in the sweep (32 pruned: 24 by sizes (tp*pp*cp does not divide" in err
