@@ -94,7 +94,7 @@ def trace_builder(spec: str, run: Workload) -> ModuleTrace:
     """Call ``FUNC(batch, seq)`` on the meta device and trace the module's forward."""
     import torch
 
-    from simulator.module_trace import DTYPES, trace_module
+    from simulator.module_trace import DTYPES, NoGradientOutputError, trace_module
 
     fn = load_builder(spec)
     call = f"{spec.rpartition(':')[2]}({run.batch}, {run.seq})"
@@ -116,6 +116,11 @@ def trace_builder(spec: str, run: Workload) -> ModuleTrace:
     try:
         with torch.device("meta"):
             return trace_module(module, args, train=run.mode == "train", kwargs=kwargs)
+    except NoGradientOutputError as e:
+        raise ConfigError(
+            f"{call}: {e}; --mode train takes the gradient of a floating-point output (return "
+            "the logits or the loss, not argmax), or use --mode inf"
+        ) from None
     except (Exception, SystemExit) as e:
         raise ConfigError(f"forward of {call} raised {_first_line(e)}") from e
 

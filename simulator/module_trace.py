@@ -125,13 +125,23 @@ def _backward(fop: FrameworkOp, call: Call, needs: list[bool]) -> FrameworkOp:
 
 
 def _reaching(rec: _Recorder, outputs: list[torch.Tensor]) -> set[int]:
-    """Ids of the tensors the module's outputs depend on through grad-mode calls: the ones a
-    backward from the outputs visits."""
-    live = {id(t) for t in outputs}
+    """Ids of the tensors the module's floating-point outputs depend on through grad-mode
+    calls that return floating-point tensors: the ones a backward from the outputs visits
+    (an integer result, such as ``argmax``'s, has no gradient to pass back)."""
+    live = {id(t) for t in outputs if _differentiable(t)}
     for call, grad_on in zip(reversed(rec.calls), reversed(rec.grad_on), strict=True):
-        if grad_on and any(id(t) in live for t in call.outs):
+        if grad_on and any(id(t) in live and _differentiable(t) for t in call.outs):
             live.update(id(t) for t in call_tensors(call))
     return live
+
+
+def _differentiable(t: torch.Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
+class NoGradientOutputError(ValueError):
+    """A module traced for training whose outputs are all integer tensors: PyTorch's backward
+    from them raises, where tilesim priced one."""
 
 
 def _blocks(
@@ -187,6 +197,9 @@ def trace_module(
     with torch.set_grad_enabled(train), _NativeDropout(), rec:
         result = module(*args, **kwargs)
     outputs = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
+    if train and not any(_differentiable(t) for t in outputs):
+        kinds = ", ".join(sorted({str(t.dtype) for t in outputs})) or "no tensor"
+        raise NoGradientOutputError(f"its outputs ({kinds}) carry no gradient")
     inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
     grad = {i for i, p in params.items() if p.requires_grad}
     grad |= {id(t) for t in inputs if t.requires_grad}

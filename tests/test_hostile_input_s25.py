@@ -170,3 +170,40 @@ def test_a_trace_in_a_new_folder_is_written_as_figures_are(tmp_path: Path) -> No
     trace = tmp_path / "new" / "deeper" / "step.json"
     assert main(["simulate", str(TINY), "--trace", str(trace)]) == 0
     assert json.loads(trace.read_text())["traceEvents"]
+
+
+ARGMAX_MODULE = """
+import torch
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(64, 64)
+    def forward(self, x):
+        y = self.l(x)
+        return {ret}
+def build(b, s):
+    return M(), (torch.randn(b, s, 64),)
+"""
+
+
+def _module_run(tmp_path: Path, ret: str, mode: str) -> list[str]:
+    path = tmp_path / f"m{len(list(tmp_path.iterdir()))}.py"  # a new module name each time
+    path.write_text(ARGMAX_MODULE.format(ret=ret))
+    argv = ["predict", "--module", f"{path}:build", "--gpu", "a100-pcie-80gb", "--batch", "2"]
+    return [*argv, "--seq", "16", "--mode", mode, "--json"]
+
+
+def test_training_through_an_integer_output_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A module returning ``argmax`` was priced a backward (0.026 ms) that PyTorch refuses."""
+    refused(_module_run(tmp_path, "y.argmax(-1)", "train"), capsys, "carry no gradient", "--mode")
+    assert main(_module_run(tmp_path, "y.argmax(-1)", "inf")) == 0  # a forward is fine
+    capsys.readouterr()
+    # beside a floating-point output, an integer one changes nothing: no gradient flows back
+    # through it
+    assert main(_module_run(tmp_path, "y", "train")) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert main(_module_run(tmp_path, "(y, y.argmax(-1))", "train")) == 0
+    both = json.loads(capsys.readouterr().out)
+    assert both["bw_ms"] == alone["bw_ms"] > 0
