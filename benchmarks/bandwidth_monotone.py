@@ -42,6 +42,7 @@ def main() -> None:
     ap.add_argument("--pair", default="h200-sxm-141gb:h100-sxm5-80gb", help="MORE_BW:LESS_BW")
     args = ap.parse_args()
     model = TileMLPModel.load()
+    shapes = {f: random_gemms(f, args.shapes, seed=0) for f in (OpFamily.LINEAR, OpFamily.BMM)}
     print(f"{'gpu':18s} {'family':7s} {'rises':>6s} {'largest':>8s}")
     for gpu_id in args.gpus.split(","):
         gpu = load_gpu(gpu_id)
@@ -49,8 +50,7 @@ def main() -> None:
             gpu.model_copy(update={"hbm_bw_bytes_per_s": gpu.hbm_bw_bytes_per_s * s})
             for s in SCALES
         ]
-        for family in (OpFamily.LINEAR, OpFamily.BMM):
-            kernels = random_gemms(family, args.shapes, seed=0)
+        for family, kernels in shapes.items():
             t = np.array([model.predict_s(kernels, g) for g in gpus])
             step = t[1:] / t[:-1]  # each doubling of the bandwidth
             rises = (step > RISE).any(axis=0)
@@ -60,8 +60,7 @@ def main() -> None:
         f"\n{fast.id} over {slow.id} (bandwidth {fast.hbm_bw_bytes_per_s / 1e12:g} vs "
         f"{slow.hbm_bw_bytes_per_s / 1e12:g} TB/s)"
     )
-    for family in (OpFamily.LINEAR, OpFamily.BMM):
-        kernels = random_gemms(family, args.shapes, seed=0)
+    for family, kernels in shapes.items():
         r = model.predict_s(kernels, fast) / model.predict_s(kernels, slow)
         print(
             f"{family.value:7s} slower on {fast.id}: {(r > RISE).mean():.1%} of shapes, "

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from forecast.gpu_bounds import LIMITS, plausibility_error
-from forecast.gpu_spec import GPUError, GPUSpec, first_error
+from forecast.gpu_spec import SHEET_SOURCE, GPUError, GPUSpec, first_error
 from forecast.kernels import Dtype
 
 # NeuSight sheet field -> (unit, factor to SI, whole number)
@@ -78,7 +78,7 @@ def spec_from_sheet(path: Path) -> GPUSpec:
             peak_flops_per_s={Dtype.FP32: fp32},
             fp32_matrix_flops_per_s=matrix,
             neusight_names=(name,),
-            sources=(f"NeuSight device sheet {path.name}",),
+            sources=(f"{SHEET_SOURCE} {path.name}",),
         )
     except ValidationError as e:
         raise GPUError(f"NeuSight device file {path}: {first_error(e)}") from e

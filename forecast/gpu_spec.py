@@ -18,6 +18,7 @@ from forecast.kernels import Dtype
 # true as 1.0 (an H100 of 1 byte/s); strict ints refuse floats too (num_sms = 132.5)
 _Int = Annotated[int, Strict()]
 _Float = Annotated[float, Strict()]
+SHEET_SOURCE = "NeuSight device sheet"  # the first source of a spec read from one
 
 
 class GPUError(ValueError):
@@ -74,8 +75,8 @@ class GPUSpec(BaseModel):
         """Peak FLOP/s for a dtype, or a `GPUError` naming the dtypes this GPU supports."""
         if dtype not in self.peak_flops_per_s:
             have = ", ".join(sorted(self.peak_flops_per_s))
-            # a device sheet says it is one (it gives FP32 alone); the catalog's record is known
-            sheet = self.sources and self.id not in self.sources[0]
+            # a device sheet gives FP32 alone: say the peaks come from one
+            sheet = self.sources and self.sources[0].startswith(SHEET_SOURCE)
             where = f" ({self.sources[0]})" if sheet else ""
             raise GPUError(
                 f"dtype {dtype.value}: {self.id}{where} has no {dtype.value} peak on file; use "

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from simulator.errors import ConfigError
+from simulator.errors import ConfigError, pydantic_msg
 from topologies import (
     Cluster,
     ClusterSpec,
@@ -138,5 +138,5 @@ def _with_counts(server: ServerSpec, update: dict[str, Any]) -> ServerSpec:
         return ServerSpec.model_validate(fields)
     except ValidationError as e:
         err = e.errors()[0]
-        msg = str(err["msg"]).removeprefix("Value error, ")
+        msg = pydantic_msg(err)
         raise ConfigError(f"cluster.gpus_per_node/nics_per_node on {server.id}: {msg}") from None

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from forecast.files import NOT_REGULAR, is_special_file
 
@@ -20,6 +22,12 @@ class InfeasibleConfig(Exception):  # noqa: N818 (a result, not a bug: calculon'
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+def pydantic_msg(error: Mapping[str, Any]) -> str:
+    """The message of one of pydantic's ``ValidationError.errors()``, without the ``Value
+    error, `` prefix it puts before a validator's own text."""
+    return str(error["msg"]).removeprefix("Value error, ")
 
 
 def at_least(flag: str, value: float, lo: float) -> None:

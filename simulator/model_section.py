@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from simulator.errors import ConfigError
+from simulator.errors import ConfigError, pydantic_msg
 from simulator.models import ModelSpec
 
 # strict: a TOML ``true`` or ``2.0`` is not a GPU count, nor ``"yes"`` a switch
@@ -82,4 +82,4 @@ def inline_model(m: ModelSection, name: str) -> ModelSpec:
     try:
         return ModelSpec.model_validate(fields)
     except ValidationError as e:
-        raise ConfigError(f"model: {e.errors()[0]['msg'].removeprefix('Value error, ')}") from e
+        raise ConfigError(f"model: {pydantic_msg(e.errors()[0])}") from e

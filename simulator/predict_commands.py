@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from forecast.gpus import GPUError, load_gpu
 from forecast.predict import LatencyModel
 from simulator.e2e import E2EResult, predict_run
-from simulator.errors import ConfigError, path_arg
+from simulator.errors import ConfigError, path_arg, pydantic_msg
 from simulator.latency import DeratedRoofline, latency_model_for
 from simulator.models import DEFAULT_DATA_DIR, MAX_SEQ, list_models, load_model
 from simulator.opgraph import MAX_TOKENS, Workload
@@ -114,7 +114,7 @@ def _workload(fields: dict[str, Any], *, flags: bool = False) -> Workload:
         return Workload.model_validate(fields)
     except ValidationError as e:
         first = e.errors()[0]
-        msg = first["msg"].removeprefix("Value error, ")
+        msg = pydantic_msg(first)
         if not first["loc"]:
             raise ConfigError(msg) from e
         key = str(first["loc"][0])

@@ -25,7 +25,7 @@ from forecast.flash_attention import FLASH_ATTENTION_AMD_ISAS, has_flash_attenti
 from forecast.gpus import GPUError, GPUSpec, load_gpu
 from forecast.kernels import Dtype
 from simulator.cluster_section import ClusterSection, beside_scenario, resolve_cluster
-from simulator.errors import ConfigError
+from simulator.errors import ConfigError, pydantic_msg
 from simulator.memory import RESERVED_BYTES
 from simulator.model_section import INLINE_KEYS, ModelSection, inline_model
 from simulator.models import ModelSpec, load_model
@@ -159,9 +159,7 @@ def parse_scenario(raw: dict[str, Any], *, source: str, base_dir: Path) -> Scena
         loc = ".".join(str(x) for x in first["loc"])
         if first["type"] == "extra_forbidden":
             raise ConfigError(f"{source}: {_unknown_key(first['loc'])}") from e
-        raise ConfigError(
-            f"{source}: key {loc!r}: {str(first['msg']).removeprefix('Value error, ')}"
-        ) from e
+        raise ConfigError(f"{source}: key {loc!r}: {pydantic_msg(first)}") from e
 
 
 def _unknown_key(loc: tuple[int | str, ...]) -> str:

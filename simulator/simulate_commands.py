@@ -23,7 +23,6 @@ from simulator.dist_validate import (
 from simulator.errors import (
     ConfigError,
     add_set_option,
-    cannot_write_in,
     check_writable_above,
     path_arg,
     refuse_special_file,
@@ -145,16 +144,7 @@ def _check_trace_path(path: Path) -> None:
     if path.is_dir() or not path.name:
         raise ConfigError(f"--trace {path} is a folder; give a file name such as step.json")
     refuse_special_file(path, "--trace")
-    if not path.parent.exists():
-        check_writable_above(path.parent, f"--trace {path}")
-        return
-    if not path.parent.is_dir():
-        raise ConfigError(f"--trace {path}: {path.parent} is not a folder; give another path")
-    why = cannot_write_in(path.parent)
-    if why:
-        raise ConfigError(
-            f"--trace {path}: cannot write in {path.parent} ({why}); give another path"
-        )
+    check_writable_above(path.parent, f"--trace {path}")
 
 
 ZERO3_FIT_MODEL = "174.6B"  # the GPT-3 175B rows
