@@ -1,6 +1,7 @@
 """Leave-one-GPU-out error of one kernel family with some of its feature columns dropped.
 
-Run: ``python benchmarks/feature_ablation.py linear [--drop COL,COL] [--members 5] [--floor]``.
+Run: ``python benchmarks/feature_ablation.py linear [--drop COL,COL] [--members 5] [--floor]
+[--candidates K]``.
 Trains the family's ensemble once per training GPU held out (on the other four, as `tilesim kernels
 validate` does) with the named columns of `forecast.features.feature_names` removed, and
 prints each held-out GPU's mean absolute percentage error on its NeuSight test rows and their
@@ -25,6 +26,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from tqdm import tqdm
 
@@ -41,7 +43,14 @@ from forecast.features import build_features, feature_names
 from forecast.gpus import load_gpu
 from forecast.kernels import GEMM_FAMILIES, KernelSpec, OpFamily, batch_bytes
 from forecast.mlp import TileEnsemble
-from forecast.tile_mlp import STREAM_FLOORED, STREAM_OP, dram_floor_s
+from forecast.tile_mlp import (
+    STREAM_FLOORED,
+    STREAM_OP,
+    TILE_CANDIDATES,
+    TILE_WITHIN,
+    candidate_mean,
+    dram_floor_s,
+)
 from forecast.tilepick import TilePicker
 from forecast.train import (
     DEFAULT_EPOCHS,
@@ -59,7 +68,12 @@ from forecast.train import (
 
 
 def held_out_errors(
-    family: OpFamily, drop: list[str], members: int, data: Path, floor: bool = False
+    family: OpFamily,
+    drop: list[str],
+    members: int,
+    data: Path,
+    floor: bool = False,
+    candidates: int = TILE_CANDIDATES,
 ) -> dict[str, float]:
     """Mean APE per held-out GPU (leave-one-GPU-out), then per unseen GPU; ``floor``: row
     families at least their DRAM floor, as `predict_s` forecasts them."""
@@ -86,13 +100,20 @@ def held_out_errors(
         for device in [held] if held is not None else unseen_devices(rows):
             r = test[test["Device"] == device]
             gpu = load_gpu(device)
-            choice = None
-            if family in GEMM_FAMILIES:
-                choice = picker.pick(family.value, gpu, r[list(GEMM_DIMS)].to_numpy(np.int64))
             kernels = rows.kernels(r)
-            fb = build_features(gpu, kernels, choice)
-            with torch.no_grad():
-                pred = fb.base_s * np.exp(ens(torch.from_numpy(fb.x[:, keep])).double().numpy())
+            choices: list[npt.NDArray[np.int64] | None] = [None]
+            counts = np.ones((len(r), 1), dtype=bool)
+            if family in GEMM_FAMILIES:
+                dims = r[list(GEMM_DIMS)].to_numpy(np.int64)
+                cands, counts = picker.candidates(family.value, gpu, dims, candidates, TILE_WITHIN)
+                choices = [cands[:, i] for i in range(candidates)]
+            each = []
+            for choice in choices:  # `TileMLPModel.gemm_s`: the mean over candidate tiles
+                fb = build_features(gpu, kernels, choice)
+                with torch.no_grad():
+                    out_c = ens(torch.from_numpy(fb.x[:, keep])).double().numpy()
+                each.append(fb.base_s * np.exp(out_c))
+            pred = candidate_mean(np.column_stack(each), counts)
             if elem is not None:
                 fraction = fit_dram_fraction(elem, devices)
                 dims = np.array([k.dims for k in kernels], dtype=np.int64)
@@ -144,6 +165,13 @@ def main() -> None:
     parser.add_argument("--members", type=int, default=MEMBERS, help="MLPs per ensemble")
     parser.add_argument("--data", type=Path, default=None, help="NeuSight data folder")
     parser.add_argument(
+        "--candidates",
+        type=int,
+        default=TILE_CANDIDATES,
+        help="GEMMs: the mean over the tiles of up to this many nearest measured shapes "
+        f"(shipped: {TILE_CANDIDATES}; 1: the nearest shape's tile alone)",
+    )
+    parser.add_argument(
         "--floor",
         action="store_true",
         help="row families: with the DRAM floor (softmax, layer norm: and the element-wise one)",
@@ -163,13 +191,15 @@ def main() -> None:
     family = OpFamily(args.family)
     drop = [c for c in args.drop.split(",") if c]
     data = args.data or default_data_dir()
-    errors = held_out_errors(family, drop, args.members, data, args.floor)
+    errors = held_out_errors(family, drop, args.members, data, args.floor, args.candidates)
     for device, err in errors.items():
         split = "leave-one-GPU-out" if device in TRAIN_DEVICES else "unseen"
         print(f"{family.value:11s} {split:17s} {device:26s} {err:5.1f}%")
     logo = [errors[d] for d in TRAIN_DEVICES if d in errors]
     dropped = ", ".join(drop) or "none"
     options = ", with the DRAM floor" if args.floor else ""
+    if args.candidates != TILE_CANDIDATES:
+        options += f", the mean over {args.candidates} candidate tiles"
     if args.sustain is not None:
         options += f", sustained-clock cut {args.sustain}"
     mean = f"{np.mean(logo):.1f}%"

@@ -224,14 +224,21 @@ def _tiles(kernel: KernelSpec, gpu: GPUSpec, served: Any) -> str:
     """The blocks and waves tile-mlp cut the kernel into ('' for models without tiles)."""
     if getattr(served, "name", "") != "tile-mlp" or kernel.family is OpFamily.MEMORY:
         return ""
+    from forecast.tile_mlp import TILE_WITHIN
     from forecast.tiles import gemm_work, row_work
 
     dims = np.array([kernel.dims], dtype=np.int64)
     sms = f"over {gpu.num_sms} SMs"
+    tail = ""
     if kernel.family in GEMM_FAMILIES:
-        cols, rows, split = (int(x) for x in served.picker.pick(kernel.family.value, gpu, dims)[0])
-        source = served.picker.source_for(kernel.family.value, gpu)
+        fam, k = kernel.family.value, served.tile_candidates
+        choices, counts = served.picker.candidates(fam, gpu, dims, k, TILE_WITHIN)
+        cols, rows, split = (int(x) for x in choices[0, 0])
+        source = served.picker.source_for(fam, gpu)
         seen = f", the library's choice on {source.gpu_id}" if source is not None else ""
+        if counts[0].sum() > 1:
+            seen += " for the nearest measured shape"
+            tail = f"; forecast: the mean over the tiles of the {counts[0].sum()} nearest shapes"
         w = gemm_work(gpu, dims, np.array([[cols, rows, split]], dtype=np.int64))
         head = f"{rows}x{cols} output tiles (rows x columns{seen}), split-K {split}: "
     else:
@@ -240,7 +247,7 @@ def _tiles(kernel: KernelSpec, gpu: GPUSpec, served: Any) -> str:
     waves = int(w.waves[0])
     return (
         f"{head}{_count(int(w.blocks[0]), 'block')} in {_count(waves, 'wave')} {sms}, "
-        f"{int(w.resident_per_sm[0])} resident per SM"
+        f"{int(w.resident_per_sm[0])} resident per SM{tail}"
     )
 
 

@@ -9,8 +9,10 @@ families' floor).
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import zipfile
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -41,6 +43,26 @@ from forecast.tilepick import TilePicker, TileTable
 log = logging.getLogger(__name__)
 
 
+# A GEMM shape outside its source GPU's tile table is priced with the tile of each of the 16
+# nearest measured shapes no more than one doubling (log2 distance 1) farther than the nearest,
+# and its forecast is their mean: which of those kernels the library's heuristic picks on the
+# GPU at hand is not in the data, and one borrowed choice, tuned to the source's SM count, let
+# a few more rows switch a forecast between tiles (llama3-8b's FFN down projection on the H100
+# SXM: 2.51 ms at 576 rows, 1.60 ms at 592). A shape in the table keeps its own choice; a tiny
+# one, far from every measured shape, its nearest (the stream's host floor,
+# `forecast.stream`, reads those). `benchmarks/feature_ablation.py --candidates` and
+# `benchmarks/rows_monotone.py` measured the choice (README, "Which tile the library picks").
+TILE_CANDIDATES = 16
+TILE_WITHIN = 1.0
+
+
+def candidate_mean(
+    seconds: npt.NDArray[np.float64], counts: npt.NDArray[np.bool_]
+) -> npt.NDArray[np.float64]:
+    """Per row of (n, k) ``seconds``, the mean of the entries that count."""
+    return np.asarray((seconds * counts).sum(axis=1) / counts.sum(axis=1), np.float64)
+
+
 @dataclass
 class TileMLPModel:
     """The tile-level MLP latency model (NeuSight's method, with the fixes of this project)."""
@@ -50,6 +72,7 @@ class TileMLPModel:
     memory: BandwidthModel = field(default_factory=BandwidthModel)
     meta: dict[str, Any] = field(default_factory=dict)
     dram_fraction: float = 1.0  # of peak DRAM bandwidth at the row families' floor (`dram_floor_s`)
+    tile_candidates: int = TILE_CANDIDATES  # GEMMs: the tiles of up to this many shapes
     name: str = "tile-mlp"
     _warned: set[OpFamily] = field(default_factory=set)
 
@@ -81,9 +104,32 @@ class TileMLPModel:
             raise ModelError(f"no weights for family {family.value}; run `tilesim kernels train`")
         dims = np.array([k.dims for k in kernels], dtype=np.int64)
         if family in GEMM_FAMILIES:
-            choice = self.picker.pick(family.value, gpu, dims)
-            return self._net_s(family, shape_features(gpu, kernels[0], dims, choice))
+            return self.gemm_s(family, kernels[0], dims, gpu)
         return self._rows_s(family, kernels[0], dims, [k.op for k in kernels], gpu)
+
+    def gemm_s(
+        self, family: OpFamily, like: KernelSpec, dims: npt.NDArray[np.int64], gpu: GPUSpec
+    ) -> npt.NDArray[np.float64]:
+        """Seconds of GEMMs of (n, 4) ``dims``: the mean over the tiles of their nearest
+        measured shapes (`TILE_CANDIDATES`); each distinct candidate of a kernel goes through
+        the MLP once."""
+        cand, counts = self.picker.candidates(
+            family.value, gpu, dims, self.tile_candidates, TILE_WITHIN
+        )
+        k = cand.shape[1]
+        code = (cand[..., 0] << 40) | (cand[..., 1] << 20) | cand[..., 2]  # sides < 2^20
+        code = np.where(counts, code, -1)
+        code.sort(axis=1)  # per kernel: slots that do not count (-1) first, then equal codes
+        distinct = code >= 0
+        distinct[:, 1:] &= code[:, 1:] != code[:, :-1]
+        row, col = np.nonzero(distinct)  # row-major: each kernel's distinct tiles together
+        last = np.r_[row[1:] != row[:-1], True]
+        times = np.where(last, k, np.r_[col[1:], k]) - col  # slots holding each distinct tile
+        c = code[row, col]
+        tiles = np.column_stack([c >> 40, (c >> 20) & 0xFFFFF, c & 0xFFFFF])
+        each = self._net_s(family, shape_features(gpu, like, dims[row], tiles))
+        starts = np.flatnonzero(np.r_[True, last[:-1]])
+        return np.add.reduceat(each * times, starts) / np.add.reduceat(times, starts)
 
     def _rows_s(
         self,
@@ -297,5 +343,12 @@ def _save_torch(state: dict[str, Any], path: Path) -> None:
 
 
 def _save_npz(arrays: dict[str, Any], path: Path) -> None:
-    with path.open("wb") as f:  # a file object: savez on a path appends ".npz" to the name
-        np.savez_compressed(f, **arrays)
+    """``np.savez_compressed``'s layout (``np.load`` reads it), each member dated 1980-01-01:
+    savez stamps members with the time of writing, so a retrain of the same tables changed
+    the committed bytes."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, value in arrays.items():
+            buf = io.BytesIO()
+            np.lib.format.write_array(buf, np.asanyarray(value), allow_pickle=False)
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            z.writestr(info, buf.getvalue(), compress_type=zipfile.ZIP_DEFLATED)

@@ -11,7 +11,8 @@ every axis (NeuSight's raw distance sent every lookup to the largest shapes of o
 For linear, a source GPU with more SMs stands in for a larger output: the library sizes
 its tiles to fill the SMs, so the lookup scales the output ``M x K`` by the SM ratio
 (leave-one-GPU-out linear 27.0 -> 25.3%; for bmm, whose batch fills the SMs, it was worse:
-24.7 -> 26.2%).
+24.7 -> 26.2%). `TilePicker.candidates` returns the choices of the ``k`` nearest shapes, over
+which `forecast.tile_mlp.TileMLPModel` averages its forecast.
 """
 
 from __future__ import annotations
@@ -101,14 +102,33 @@ class TilePicker:
 
     def pick(self, family: str, gpu: GPUSpec, dims: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """(n, 3) array of tile cols, tile rows and split-K for (n, 4) dims ``B,M,N,K``."""
+        return self.candidates(family, gpu, dims, 1)[0][:, 0]
+
+    def candidates(
+        self, family: str, gpu: GPUSpec, dims: npt.NDArray[np.int64], k: int, within: float = 1.0
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+        """The choices of the ``k`` nearest measured shapes for (n, 4) dims, nearest first,
+        (n, k, 3), and which of them count, (n, k): those no more than ``within`` (log2
+        units: one doubling) farther than the nearest. A shape the table holds (distance 0)
+        counts its own choice alone; slots past a table of fewer than ``k`` shapes repeat its
+        nearest and do not count."""
         table = self.source_for(family, gpu)
         if table is None:
-            return np.tile(np.array(DEFAULT_TILE, dtype=np.int64), (len(dims), 1))
+            choice = np.tile(np.array(DEFAULT_TILE, dtype=np.int64), (len(dims), k, 1))
+            return choice, np.arange(k)[None, :] == np.zeros((len(dims), 1), dtype=np.int64)
         logd = np.log2(np.maximum(dims, 1)).astype(np.float64)
         if family == "linear":
             half = 0.5 * np.log2(table.num_sms / gpu.num_sms)  # M and K share the SM ratio
             logd[:, 1] += half
             logd[:, 3] += half
         q = logd.astype(np.float32).astype(np.float64)
-        _, idx = table.tree.query(q, k=1)
-        return table.choice[idx]
+        held = min(k, len(table.choice))
+        dist, idx = table.tree.query(q, k=held)
+        idx = np.asarray(idx).reshape(len(q), held)
+        dist = np.asarray(dist).reshape(len(q), held)
+        counts = (dist <= dist[:, :1] + within) & (dist[:, :1] > 0.0)
+        counts[:, 0] = True
+        if held < k:
+            idx = np.concatenate([idx, np.repeat(idx[:, :1], k - held, axis=1)], axis=1)
+            counts = np.concatenate([counts, np.zeros((len(q), k - held), dtype=bool)], axis=1)
+        return table.choice[idx], counts

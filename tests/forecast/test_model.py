@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -125,6 +126,17 @@ def test_save_load_round_trip_is_exact(tiny_gpu: GPUSpec, tmp_path: Path) -> Non
     np.testing.assert_array_equal(
         model.predict_s(_kernels(), tiny_gpu), again.predict_s(_kernels(), tiny_gpu)
     )
+
+
+def test_saved_weights_do_not_depend_on_the_time_of_saving(tmp_path: Path) -> None:
+    """Same tables, same bytes: np.savez dated each member with the time of writing."""
+    model = _toy_model()
+    model.save(tmp_path / "a")
+    with zipfile.ZipFile(tmp_path / "a" / "tiles_bmm.npz") as z:
+        assert {i.date_time for i in z.infolist()} == {(1980, 1, 1, 0, 0, 0)}
+    model.save(tmp_path / "b")
+    for f in sorted((tmp_path / "a").iterdir()):
+        assert f.read_bytes() == (tmp_path / "b" / f.name).read_bytes(), f.name
 
 
 def test_tensor_core_dtype_is_a_clear_error_not_a_fallback(tiny_gpu: GPUSpec) -> None:

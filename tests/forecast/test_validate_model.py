@@ -1,0 +1,31 @@
+"""`tilesim kernels validate` scores the committed weights on the unseen GPUs where they were
+trained on the data at hand: a retrain under other library versions gives other weights
+(`forecast.train.trained_with`), and the README table must be the forecaster users run."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+import forecast.train
+from forecast.evaluate import shipped_or_trained
+from forecast.tile_mlp import TileMLPModel
+
+
+def test_the_committed_weights_are_scored_on_their_own_data(neusight_dir: Path) -> None:
+    model, scored = shipped_or_trained(neusight_dir, {}, progress=False)
+    assert isinstance(model, TileMLPModel) and "committed weights" in scored
+    assert model.meta["data_sha256"] == TileMLPModel.load().meta["data_sha256"]
+
+
+def test_other_data_is_trained_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "kernels/nvidia/test/bmm.csv.gz"
+    path.parent.mkdir(parents=True)
+    with gzip.open(path, "wt") as f:
+        f.write("OPName,Latency,Device,B,M,N,K\nbmm,1.0,NVIDIA L4,1,64,64,64\n")
+    fitted = object()
+    monkeypatch.setattr(forecast.train, "train_model", lambda *a, **k: fitted)
+    model, scored = shipped_or_trained(tmp_path, {}, progress=False)
+    assert model is fitted and scored == "trained by this run"
