@@ -115,7 +115,9 @@ class TilePicker:
         table = self.source_for(family, gpu)
         if table is None:
             choice = np.tile(np.array(DEFAULT_TILE, dtype=np.int64), (len(dims), k, 1))
-            return choice, np.arange(k)[None, :] == np.zeros((len(dims), 1), dtype=np.int64)
+            alone = np.zeros((len(dims), k), dtype=bool)
+            alone[:, 0] = True
+            return choice, alone
         logd = np.log2(np.maximum(dims, 1)).astype(np.float64)
         if family == "linear":
             half = 0.5 * np.log2(table.num_sms / gpu.num_sms)  # M and K share the SM ratio
