@@ -154,5 +154,7 @@ def _validate(args: argparse.Namespace) -> int:
     report = validate(args.data or default_data_dir(), logo=not args.no_logo)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(args.out, json.dumps(report, indent=2, sort_keys=True) + "\n")
+    if report.get("unseen_model"):
+        print(f"unseen GPUs: {report['unseen_model']}")
     print(f"wrote {args.out}")
     return 0

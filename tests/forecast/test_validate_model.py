@@ -5,6 +5,7 @@ trained on the data at hand: a retrain under other library versions gives other 
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
 
 import pytest
@@ -29,3 +30,17 @@ def test_other_data_is_trained_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(forecast.train, "train_model", lambda *a, **k: fitted)
     model, scored = shipped_or_trained(tmp_path, {}, progress=False)
     assert model is fitted and scored == "trained by this run"
+
+
+def test_the_command_says_which_model_it_scored(
+    neusight_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simulator.cli import main
+
+    out = tmp_path / "v.json"
+    assert (
+        main(["kernels", "validate", "--no-logo", "--data", str(neusight_dir), "--out", str(out)])
+        == 0
+    )
+    assert "unseen GPUs: the committed weights (trained on this data)" in capsys.readouterr().out
+    assert json.loads(out.read_text())["unseen_model"].startswith("the committed weights")
