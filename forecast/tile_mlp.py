@@ -116,20 +116,20 @@ class TileMLPModel:
         cand, counts = self.picker.candidates(
             family.value, gpu, dims, self.tile_candidates, TILE_WITHIN
         )
-        k = cand.shape[1]
         code = (cand[..., 0] << 40) | (cand[..., 1] << 20) | cand[..., 2]  # sides < 2^20
         code = np.where(counts, code, -1)
         code.sort(axis=1)  # per kernel: slots that do not count (-1) first, then equal codes
-        distinct = code >= 0
-        distinct[:, 1:] &= code[:, 1:] != code[:, :-1]
-        row, col = np.nonzero(distinct)  # row-major: each kernel's distinct tiles together
-        last = np.r_[row[1:] != row[:-1], True]
-        times = np.where(last, k, np.r_[col[1:], k]) - col  # slots holding each distinct tile
+        counted = code >= 0
+        first = counted.copy()
+        first[:, 1:] &= code[:, 1:] != code[:, :-1]
+        row, col = np.nonzero(first)  # row-major: each kernel's distinct tiles in order
         c = code[row, col]
         tiles = np.column_stack([c >> 40, (c >> 20) & 0xFFFFF, c & 0xFFFFF])
         each = self._net_s(family, shape_features(gpu, like, dims[row], tiles))
-        starts = np.flatnonzero(np.r_[True, last[:-1]])
-        return np.add.reduceat(each * times, starts) / np.add.reduceat(times, starts)
+        slot = np.zeros(code.shape, dtype=np.int64)
+        slot[row, col] = np.arange(len(row))
+        slot = np.maximum.accumulate(slot, axis=1)  # a repeated tile takes its first's forecast
+        return candidate_mean(each[slot], counted)
 
     def _rows_s(
         self,
