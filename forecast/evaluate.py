@@ -162,15 +162,14 @@ def shipped_or_trained(
     library versions only (`forecast.train.trained_with`): a retrain under another pandas
     scored weights other than those that forecast (the L4's element-wise 3.8 -> 4.0%)."""
     from forecast.tile_mlp import TileMLPModel
-    from forecast.train import data_hash, train_model
+    from forecast.train import train_model, training_data_hash
 
-    families = trained_families()
-    files = [p for f in families for p in neusight_files(data_dir, f)]
     try:
         shipped = TileMLPModel.load()
     except ValueError:  # no committed weights (a ModelError)
         shipped = None
-    if shipped is not None and shipped.meta.get("data_sha256") == data_hash(files):
+    trained_on = training_data_hash(data_dir, trained_families())
+    if shipped is not None and shipped.meta.get("data_sha256") == trained_on:
         return shipped, "the committed weights (trained on this data)"
     return train_model(data_dir, meas=meas, progress=progress), "trained by this run"
 

@@ -53,6 +53,12 @@ def data_hash(paths: Sequence[Path]) -> str:
     return h.hexdigest()
 
 
+def training_data_hash(data_dir: Path, families: Sequence[OpFamily]) -> str:
+    """`data_hash` of the families' files in a NeuSight folder: the ``data_sha256`` that
+    `train_model` records and `forecast.evaluate.shipped_or_trained` compares."""
+    return data_hash([p for f in families for p in neusight_files(data_dir, f)])
+
+
 def build_picker(meas: dict[OpFamily, Measurements], devices: Sequence[str]) -> TilePicker:
     """Tile tables of the GEMM families from the given devices' kernel names."""
     tables: dict[str, list[TileTable]] = {}
@@ -235,10 +241,9 @@ def train_model(
     if OpFamily.ELEMENTWISE in meas:
         memory = fit_memory_model(meas[OpFamily.ELEMENTWISE], devices)
         fraction = fit_dram_fraction(meas[OpFamily.ELEMENTWISE], devices)
-    files = [p for f in fams for p in neusight_files(data_dir, f)]
     meta = {
         "train_devices": list(devices),
-        "data_sha256": data_hash(files),
+        "data_sha256": training_data_hash(data_dir, fams),
         "seed": SEED,
         "members": MEMBERS,
         "trained_with": trained_with(),
