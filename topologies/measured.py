@@ -8,6 +8,7 @@ server id, GPU count and the algorithm the harness used.
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from dataclasses import dataclass
@@ -57,6 +58,16 @@ def _positive(value: Any, where: str) -> float:
     raise TopologyError(f"{where} must be a positive finite number, got {got}")
 
 
+def _power_of_two(nbytes: float) -> float:
+    """The message size nccl-tests ran for a ``bytes_approx``: the nearest power of two.
+
+    The curves double from 1 KiB to 8 GiB (nccl-tests ``-f 2``), so every size is a power of
+    two; ``bytes_approx`` reads the published labels, which are those sizes in decimal units
+    ("33M", "134M"), as binary ones (33 x 2^20 B, 3% over 2^25; "134M" 4.7% over 2^27). The
+    same A100 curve in ``collectives.md`` 5.1 lists those points as 64 KB, 1 MB, 16 MB, 128 MB."""
+    return float(2.0 ** round(math.log2(nbytes)))
+
+
 def _from_microbenchmarks(path: Path) -> list[MeasuredCurve]:
     text = _read(path)
     try:
@@ -77,7 +88,9 @@ def _from_microbenchmarks(path: Path) -> list[MeasuredCurve]:
             raise TopologyError(f"{where}: expected a non-empty list of measured points")
         pts = tuple(
             (
-                _positive(p.get("bytes_approx", _MISSING), f"{where}[{i}] bytes_approx"),
+                _power_of_two(
+                    _positive(p.get("bytes_approx", _MISSING), f"{where}[{i}] bytes_approx")
+                ),
                 _positive(p.get("busbw_GBps", _MISSING), f"{where}[{i}] busbw_GBps") * 1e9,
             )
             for i, p in enumerate(raw)

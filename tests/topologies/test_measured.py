@@ -132,3 +132,15 @@ def test_cli_broken_data_is_one_line_exit_2(
     captured = capsys.readouterr()
     assert "busbw_GBps" in captured.err and len(captured.err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_published_size_labels_read_as_the_powers_of_two_nccl_tests_ran(tmp_path: Path) -> None:
+    """ "33M" is 2^25 bytes in decimal units; ``bytes_approx`` holds 33 x 2^20 (3% over)."""
+    bench = _bench_with(size_label="33M", bytes_approx=33 * 2**20)
+    bench[0]["nccl_allreduce_8gpu"][0].update(size_label="65K", bytes_approx=65 * 2**10)  # type: ignore[index]
+    (curve,) = [
+        c
+        for c in load_measured(_write(tmp_path / "hw", bench))
+        if c.server == "dgx-a100" and c.source.startswith("microbenchmarks")
+    ]
+    assert [n for n, _ in curve.points] == [2.0**16, 2.0**25]
