@@ -257,7 +257,8 @@ def _predict_runs(args: argparse.Namespace) -> int:
     """``--runs FILE.jsonl``: one JSON line out per run line, with its line number; a bad line
     is its error line, the others still run, and the exit code is 1 with the failed lines named
     on stderr (as a sweep with failed layouts), so a script sees the failure without parsing
-    every line."""
+    every line. A run that does not fit in its GPU's memory prints its forecast and is named
+    on stderr too, with exit code 1, as one run of ``predict`` exits."""
     flags = [f"--{k}" for k in RUN_KEYS if getattr(args, k) is not None]
     if flags:  # they were ignored: every run comes from its line
         raise ConfigError(
@@ -269,19 +270,22 @@ def _predict_runs(args: argparse.Namespace) -> int:
         check_data_read(args.data, None, "no line of --runs names one")
     latency = latency_model(args.latency_model)  # a bad --latency-model: once, exit 2
     failed: list[int] = []
+    unfit: list[int] = []
     for i, line in enumerate(raw, 1):
         if not line.strip():
             continue
         out = {"line": i, **_run_line(line, args, latency)}  # blank lines keep the count
         if "error" in out:
             failed.append(i)
+        elif not out["fits"]:
+            unfit.append(i)
         print(json.dumps(out))
-    if failed:
-        runs = sum(1 for line in raw if line.strip())
-        named = ", ".join(map(str, failed[:10])) + (", ..." if len(failed) > 10 else "")
-        print(f"tilesim: {len(failed)} of {runs} runs failed: line {named}", file=sys.stderr)
-        return 1
-    return 0
+    runs = sum(1 for line in raw if line.strip())
+    for lines, what in ((failed, "failed"), (unfit, "do not fit in GPU memory")):
+        if lines:
+            named = ", ".join(map(str, lines[:10])) + (", ..." if len(lines) > 10 else "")
+            print(f"tilesim: {len(lines)} of {runs} runs {what}: line {named}", file=sys.stderr)
+    return 1 if failed or unfit else 0
 
 
 def _run_line(line: bytes, args: argparse.Namespace, latency: LatencyModel) -> dict[str, Any]:

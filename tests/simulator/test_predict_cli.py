@@ -324,3 +324,20 @@ def test_a_latency_model_that_cannot_cover_a_model_is_refused(
     err = capsys.readouterr().err
     assert f"--latency-model {kind}:" in err and "auto, tile-mlp, roofline" in err
     assert err.count("\n") == 1
+
+
+def test_runs_jsonl_a_run_that_does_not_fit_exits_1_and_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As one run of ``predict`` does: the forecast is printed, the exit code is 1."""
+    good = {"model": "tiny-gpt", "gpu": "t4", "batch": 1, "seq": 32, "mode": "inf"}
+    big = {"model": "llama3-8b", "gpu": "t4", "batch": 8, "seq": 4096, "mode": "train"}
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text("\n".join(json.dumps(r) for r in (good, big)) + "\n")
+    assert main(["predict", "--runs", str(runs), "--latency-model", "roofline", "--json"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == "tilesim: 1 of 2 runs do not fit in GPU memory: line 2\n"
+    out = [json.loads(x) for x in captured.out.splitlines()]
+    assert [o["fits"] for o in out] == [True, False] and out[1]["e2e_ms"] > 0
+    runs.write_text(json.dumps(good) + "\n")
+    assert main(["predict", "--runs", str(runs), "--latency-model", "roofline", "--json"]) == 0
