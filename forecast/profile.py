@@ -25,8 +25,10 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import torch
 
@@ -140,22 +142,26 @@ def collect(cfg: CollectConfig) -> CollectReport:
     done = resume_keys(cfg.out)
     meta = device_metadata(cfg.device, cfg)
     meta_path = cfg.out.with_suffix(".meta.json")
-    write_text_atomic(meta_path, json.dumps(meta, indent=2) + "\n")
     new_file = not cfg.out.is_file()
     versions = software_versions()
-    with cfg.out.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        if new_file:
-            writer.writeheader()
+    with ExitStack() as files:
+        opened: list[tuple[TextIO, csv.DictWriter[str]]] = []
 
         def write(row: dict[str, object]) -> None:
+            if not opened:  # the files appear with the first row: a run that measures nothing
+                write_text_atomic(meta_path, json.dumps(meta, indent=2) + "\n")  # writes none
+                f = files.enter_context(cfg.out.open("a", newline=""))
+                opened.append((f, csv.DictWriter(f, fieldnames=COLUMNS)))
+                if new_file:
+                    opened[0][1].writeheader()
+            f, writer = opened[0]
             writer.writerow({**row, **versions})
             f.flush()
 
         device_name = str(meta["device_name"])
         _measure_plan(cfg, report, write, done=done, device_name=device_name, deadline=deadline)
     report.elapsed_s = time.perf_counter() - t0
-    if cfg.device != "cpu":  # clocks under load, after the last kernel
+    if cfg.device != "cpu" and opened:  # clocks under load, after the last kernel
         meta["nvidia_smi_end"] = nvidia_smi()
         write_text_atomic(meta_path, json.dumps(meta, indent=2) + "\n")
     return report

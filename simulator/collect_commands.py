@@ -185,6 +185,17 @@ def _collect(args: argparse.Namespace) -> int:
         raise ConfigError("--device cuda: no CUDA device here; use --device cpu")
     rep = profile.collect(cfg)
     pairs = sorted({" ".join(u.split(" ")[:2]) for u in rep.unsupported})
+    if rep.measured == 0 and rep.skipped_existing == 0:  # and no file written (`collect`)
+        if rep.stopped_by_budget:
+            raise ConfigError(
+                f"--budget-s {args.budget_s:g}: ended before the first kernel was measured "
+                "(nothing written); give more seconds"
+            )
+        why = f"unsupported on {args.device}: {', '.join(pairs)}" if pairs else "out of memory"
+        raise ConfigError(
+            f"--ops/--dtypes: nothing could be measured ({why}; nothing written); ask for "
+            "ops and dtypes this device runs"
+        )
     print(f"measured {rep.measured} kernels, skipped {rep.skipped_existing} already in {args.out}")
     print(f"unsupported here (op dtype): {', '.join(pairs) or 'none'}")
     if rep.out_of_memory:  # whole shapes: "op dtype (dims)", without the allocator's message

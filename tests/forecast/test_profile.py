@@ -50,7 +50,8 @@ def test_rerun_skips_measured_rows(tmp_path: Path) -> None:
 def test_budget_stops_cleanly_and_resume_finishes(tmp_path: Path) -> None:
     out = tmp_path / "m.csv"
     cfg = CollectConfig(device="cpu", out=out, dtypes=("fp32",), budget_s=0.0, repeats=2)
-    assert collect(cfg).stopped_by_budget and _rows(out) == []
+    assert collect(cfg).stopped_by_budget and not out.exists()  # nothing measured: no file
+    assert not out.with_suffix(".meta.json").exists()
     done = collect(CollectConfig(device="cpu", out=out, dtypes=("fp32",), repeats=2))
     assert done.measured == len(plan(OPS, ("fp32",), "cpu"))
 
@@ -112,3 +113,23 @@ def test_collect_keeps_stderr_free_of_profiler_chatter(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "measured 2 kernels" in done.stdout
     assert "USDT" not in done.stderr and "profiler_st" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--ops", "gemm", "--dtypes", "fp8"],
+            "nothing could be measured (unsupported on cpu: gemm fp8",
+        ),
+        (["--ops", "gemm", "--dtypes", "fp32", "--budget-s", "1e-9"], "ended before the first"),
+    ],
+)
+def test_cli_collect_that_measures_nothing_exits_2_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    out = tmp_path / "c.csv"
+    assert main(["kernels", "collect", "--device", "cpu", *flags, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
