@@ -150,8 +150,8 @@ def collect(cfg: CollectConfig) -> CollectReport:
         def write(row: dict[str, object]) -> None:
             if not opened:  # the files appear with the first row: a run that measures nothing
                 write_text_atomic(meta_path, json.dumps(meta, indent=2) + "\n")  # writes none
-                f = files.enter_context(cfg.out.open("a", newline=""))
-                opened.append((f, csv.DictWriter(f, fieldnames=COLUMNS)))
+                fresh = files.enter_context(cfg.out.open("a", newline=""))
+                opened.append((fresh, csv.DictWriter(fresh, fieldnames=COLUMNS)))
                 if new_file:
                     opened[0][1].writeheader()
             f, writer = opened[0]
