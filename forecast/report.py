@@ -139,8 +139,12 @@ def eval_lines(model: str, meas: Measurements, result: dict[str, Any]) -> list[s
 
 
 def duration_text(seconds: float) -> str:
-    """Seconds as 4 significant figures in ns, us, ms or s: ``7.881 ms``, ``3.2 us``."""
+    """Seconds as 4 significant figures in ns, us, ms or s: ``7.881 ms``, ``3.2 us``;
+    from 10^7 s (four months) in powers of ten, ``3.271e+21 s`` (whole seconds printed the
+    float's binary tail: ``3,271,000,000,000,000,262,144 s``)."""
     rounded = float(f"{seconds:.4g}")  # 0.99996 s is 1 s, not 1000 ms
+    if rounded >= 1e7:
+        return f"{rounded:.4g} s"
     if rounded >= 1e3:
         return f"{rounded:,.0f} s"
     for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):

@@ -227,3 +227,25 @@ def test_a_context_too_long_for_one_sequence_is_not_blamed_on_the_weights(
     assert main([*argv, "--json"]) == 1
     res = json.loads(capsys.readouterr().out)
     assert res["max_batch"] == 0 and res["weights_gib"] < res["usable_gib"] == 79.0
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (7.881e-3, "7.881 ms"),
+        (8210.6, "8,211 s"),
+        (9.9994e6, "9,999,000 s"),
+        (3.271e21, "3.271e+21 s"),
+    ],
+)
+def test_duration_text_never_prints_a_float_tail(seconds: float, text: str) -> None:
+    """Whole seconds of 3.271e21 printed "3,271,000,000,000,000,262,144 s"."""
+    from forecast.report import duration_text
+
+    assert duration_text(seconds) == text
+
+
+def test_a_collective_of_hours_reads_in_seconds(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["collective", "--op", "all-reduce", "--bytes", str(2**50), "--gpus", "16"]
+    assert main([*argv, "--cluster", "dgx-a100"]) == 0
+    assert ": 8,211 s, algbw" in capsys.readouterr().out  # was "8,210,588.959 ms"
