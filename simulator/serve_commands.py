@@ -149,12 +149,19 @@ def _hardware(args: argparse.Namespace, req: ServeRequest) -> tuple[GPUSpec, Clu
             raise ConfigError(f"--tp {req.tp}: give --server, the server the GPUs sit in")
         return load_gpu(str(args.gpu)), None
     spec = load_server(str(args.server))
-    if args.gpu is not None and load_gpu(str(args.gpu)).id != spec.gpu:
+    try:
+        gpu = load_gpu(spec.gpu)
+    except GPUError as e:  # a server file's own GPU: name the file and its field
+        raise ConfigError(
+            f"--server {args.server}: field 'gpu': {str(e).split(':')[0]}; "
+            "give a catalog GPU id (tilesim list gpus)"
+        ) from None
+    if args.gpu is not None and load_gpu(str(args.gpu)).id != gpu.id:
         raise ConfigError(
             f"--gpu {args.gpu}: server {spec.id} holds {spec.gpu}; leave out --gpu or give "
             f"--gpu {spec.gpu}"
         )
-    return load_gpu(spec.gpu), load_cluster(str(args.server), gpus=req.tp)
+    return gpu, load_cluster(str(args.server), gpus=req.tp)
 
 
 def serve_text(res: ServeResult, req: ServeRequest) -> str:

@@ -88,6 +88,11 @@ def load_server(name: str) -> ServerSpec:
     """Load a server by id (``dgx-h100``) or by path to a TOML file."""
     path = _resolve(name, SERVERS_DIR, "server")
     spec = _load(path, ServerSpec)
+    if spec.default_network is not None:  # a bad file is refused whole, whatever needs it
+        try:
+            load_network(spec.default_network)
+        except TopologyError as e:
+            raise TopologyError(f"{path}: field 'default_network': {e}") from None
     if spec.fabric == "mesh":  # a file wires every link (a scenario's cut may drop some)
         for gpu, n in enumerate(spec.mesh_links_per_gpu()):
             if n != spec.links_per_gpu:

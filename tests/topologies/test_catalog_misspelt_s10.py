@@ -37,3 +37,32 @@ def test_unknown_network_field_is_named(tmp_path: Path) -> None:
         TopologyError, match="'flux_capacitor' is not a NetworkSpec field; remove it"
     ):
         load_network(str(path))
+
+
+def test_a_server_file_naming_an_unknown_network_is_refused_with_file_and_field(
+    tmp_path: Path,
+) -> None:
+    """It failed only where the network was loaded, as "unknown network 'nope'" (even in a
+    one-node `serve`, which sends nothing over it), naming neither the file nor the field."""
+    path = _copy(
+        SERVERS_DIR / "dgx-a100.toml",
+        tmp_path / "s.toml",
+        'default_network = "ib-hdr"',
+        'default_network = "nope"',
+    )
+    with pytest.raises(TopologyError, match=r"s\.toml: field 'default_network': unknown network"):
+        load_server(str(path))
+
+
+def test_serve_names_a_server_files_unknown_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simulator.cli import main
+
+    path = _copy(
+        SERVERS_DIR / "dgx-a100.toml", tmp_path / "s.toml", 'gpu = "a100-sxm4-80gb"', 'gpu = "nope"'
+    )
+    argv = ["serve", "--model", "tiny-gpt", "--batch", "1", "--prompt", "8", "--gen", "2"]
+    assert main([*argv, "--server", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--server {path}: field 'gpu': unknown GPU 'nope'" in err and err.count("\n") == 1
