@@ -37,7 +37,13 @@ def check_sizes(run: RunConfig, model: ModelSpec, num_gpus: int) -> int:
     )
     _need((dp * run.cp) % run.ep == 0, "run.ep", f"must divide dp*cp = {dp * run.cp}")
     _check_a2a_heads(run, model)
-    _need(model.num_experts % run.ep == 0, "run.ep", "must divide the number of experts")
+    _need(
+        model.num_experts % run.ep == 0,
+        "run.ep",
+        "is for expert parallelism, and this model is dense (no experts); set run.ep = 1"
+        if model.num_experts == 1
+        else f"must divide the number of experts ({model.num_experts}); pick a divisor of it",
+    )
     # Megatron-LM refuses MoE with tensor parallelism but without sequence parallelism
     # (megatron/training/arguments.py: "When using MoE and tensor parallelism, sequence
     # parallelism must be used"; its token dispatchers split the tokens over the TP ranks)
@@ -75,7 +81,13 @@ def check_schedule(run: RunConfig, layers: int, m: int) -> None:
     _need(v == 1 or interleaved, "run.virtual_stages", "> 1 needs schedule = 1f1b-interleaved")
     _need(layers >= run.pp * v, "run.pp", f"pp*virtual_stages must be <= n_layers = {layers}")
     if interleaved and v > 1:
-        _need(m % run.pp == 0, "run.schedule", f"interleaved needs micro-batches ({m}) % pp == 0")
+        _need(
+            m % run.pp == 0,
+            "run.schedule",
+            f"interleaved needs the micro-batches per replica ({m}) to be a multiple of pp = "
+            f"{run.pp}; change training.global_batch_size or run.micro_batch_size, or set "
+            "run.virtual_stages = 1",
+        )
         # Megatron-LM's interleaved schedule gives every model chunk the same layers (uneven
         # splits, remainder to the middle stages, are for v = 1 only)
         _need(

@@ -127,7 +127,8 @@ class SimInputs:
     reserved_bytes: float = RESERVED_BYTES  # kept free on every GPU (training.memory_reserved_gib)
 
 
-def _set(raw: dict[str, Any], assignment: str) -> None:
+def _set(raw: dict[str, Any], assignment: str) -> str:
+    """Apply one ``--set TABLE.KEY=VALUE`` to ``raw``; the key it set (``TABLE.KEY``)."""
     key, sep, text = assignment.partition("=")
     parts = key.strip().split(".")
     if not sep or len(parts) != 2 or not all(parts):
@@ -140,10 +141,15 @@ def _set(raw: dict[str, Any], assignment: str) -> None:
     if not isinstance(table, dict):
         raise ConfigError(f"--set {assignment!r}: {parts[0]} is not a table")
     table[parts[1]] = value
+    return ".".join(parts)
 
 
-def parse_scenario(raw: dict[str, Any], *, source: str, base_dir: Path) -> Scenario:
-    """Validate a scenario mapping; the first problem becomes one `ConfigError` line."""
+def parse_scenario(
+    raw: dict[str, Any], *, source: str, base_dir: Path, overridden: dict[str, str] | None = None
+) -> Scenario:
+    """Validate a scenario mapping; the first problem becomes one `ConfigError` line, which
+    names ``source`` (the file), or the ``--set`` that gave the key (``overridden``: key ->
+    its assignment)."""
     if "base_dir" in raw:  # set from the file's folder; one in the file was silently dropped
         raise ConfigError(
             f"{source}: key 'base_dir': not a scenario key (paths in a scenario are relative "
@@ -157,6 +163,9 @@ def parse_scenario(raw: dict[str, Any], *, source: str, base_dir: Path) -> Scena
         errors = e.errors()
         first = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
         loc = ".".join(str(x) for x in first["loc"])
+        given = (overridden or {}).get(".".join(str(x) for x in first["loc"][:2]))
+        if given is not None:  # the value came from the command line, not the file
+            source = f"--set {given}"
         if first["type"] == "extra_forbidden":
             raise ConfigError(f"{source}: {_unknown_key(first['loc'])}") from e
         raise ConfigError(f"{source}: key {loc!r}: {pydantic_msg(first)}") from e
@@ -180,9 +189,10 @@ def load_scenario(path: str | Path, *, overrides: tuple[str, ...] = ()) -> Scena
     """Read a scenario TOML and apply ``--set TABLE.KEY=VALUE`` overrides in order."""
     path = Path(path)
     raw = read_toml(path, "scenario", ConfigError)
-    for assignment in overrides:
-        _set(raw, assignment)
-    return parse_scenario(raw, source=str(path), base_dir=path.resolve().parent)
+    overridden = {_set(raw, assignment): assignment for assignment in overrides}
+    return parse_scenario(
+        raw, source=str(path), base_dir=path.resolve().parent, overridden=overridden
+    )
 
 
 def resolve_model(s: Scenario) -> ModelSpec:

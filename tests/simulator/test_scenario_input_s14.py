@@ -104,3 +104,34 @@ def test_a_mesh_cut_to_fewer_gpus_keeps_the_links_among_them() -> None:
     server = resolve(sc).cluster.server
     assert server.gpus_per_node == 4
     assert server.mesh_edges and all(max(e) < 4 for e in server.mesh_edges)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (("run.tp=0",), "--set run.tp=0: key 'run.tp': "),
+        (("run.tp=2", "run.tp=-1"), "--set run.tp=-1: key 'run.tp': "),  # the one that holds
+        (("run.tpp=2",), "--set run.tpp=2: key 'run.tpp' is not a scenario key; did you mean"),
+    ],
+)
+def test_a_bad_value_from_set_names_the_set_not_the_file(
+    overrides: tuple[str, ...], message: str
+) -> None:
+    """It named the scenario file: "tiny_gpt_8gpu.toml: key 'run.tp': ...", a value the file
+    did not hold."""
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}"):
+        load_scenario(TINY, overrides=overrides)
+
+
+def test_a_bad_value_in_the_file_still_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(TINY.read_text().replace("tp = 2", "tp = 0"))
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(path))}: key 'run.tp'"):
+        load_scenario(path, overrides=("run.pp=2",))
+
+
+def test_expert_parallelism_on_a_dense_model_says_to_set_ep_1(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["simulate", str(TINY), "--set", "run.ep=2"]) == 2
+    error_line(capsys, "run.ep: ", "this model is dense", "set run.ep = 1")

@@ -59,7 +59,10 @@ def test_interleaving_needs_layers_divisible_by_pp_times_virtual_stages() -> Non
         check(pp=2, schedule="1f1b-interleaved", virtual_stages=2)
     assert check(pp=2, schedule="1f1b-interleaved", virtual_stages=3) == ((1, 1, 1), (1, 1, 1))
     assert check(pp=2, schedule="1f1b") == ((3,), (3,))
-    with pytest.raises(ConfigError, match=r"^run\.schedule: .*micro-batches \(1\) % pp"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^run\.schedule: .*micro-batches per replica \(1\) to be a multiple of pp = 2; ",
+    ):
         check(pp=2, schedule="1f1b-interleaved", virtual_stages=3, micro_batch_size=8)
 
 
