@@ -78,7 +78,7 @@ def add_validate_distributed(vs: argparse._SubParsersAction[argparse.ArgumentPar
     d.add_argument(
         "--published",
         type=path_arg,
-        default=PUBLISHED,
+        default=None,
         help=f"published runs, JSON (default: {PUBLISHED})",
     )
     d.set_defaults(handler=_validate_distributed)
@@ -170,6 +170,9 @@ def validation_text(checks: list[Check]) -> str:
 def _validate_distributed(args: argparse.Namespace) -> int:
     if args.readme is not None and args.labels_only:
         raise ConfigError("--readme needs the published runs too; drop --labels-only")
+    if args.published is not None and args.labels_only:  # it was read as nothing
+        raise ConfigError("--published: --labels-only skips the published runs; drop one")
+    args.published = PUBLISHED if args.published is None else args.published
     if args.readme is not None:  # before the work, not after it
         check_readme(args.readme, [(DIST_BEGIN, DIST_END)])
     labels = args.data / LABEL_GPU

@@ -221,6 +221,16 @@ def test_validate_distributed_readme_needs_markers_and_published_runs(
     assert readme.read_text() == "# no markers here\n"
 
 
+def test_validate_distributed_refuses_published_with_labels_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--published was ignored under --labels-only, exit 0."""
+    argv = ["validate", "distributed", "--labels-only", "--published", str(tmp_path / "p.json")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tilesim: error: --published: --labels-only")
+
+
 def test_validate_commands_name_a_data_folder_without_their_files(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
