@@ -132,6 +132,16 @@ def step_lines(inputs: SimInputs, run: RunConfig, result: StepResult) -> list[st
         f"model / {result.hardware_tflops_per_gpu:.1f} hardware TFLOP/s per GPU",
         f"  of peak   MFU {result.mfu:.1%}, causal MFU {result.mfu_causal:.1%}; with "
         f"recomputation HFU {result.hfu:.1%}, causal HFU {result.hfu_causal:.1%}",
+        *(
+            [
+                "            (over 100%: MFU, HFU and hardware TFLOP/s count every (query, "
+                "key) pair, as",
+                "            published runs do; a causal model computes about half of them "
+                "(the causal figures))",
+            ]
+            if max(result.mfu, result.hfu) > 1.0 and result.mfu_causal < result.mfu
+            else []
+        ),
         f"  pipeline  bubble {result.bubble_fraction:.1%} of forward+backward",
         f"  exposed communication (on the critical path): {comm or 'none'}",
         f"  memory    {result.memory_gib_per_gpu:.1f} GiB per GPU, {fits}",
