@@ -12,6 +12,7 @@ import io
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -247,7 +248,14 @@ def _collective_check(args: argparse.Namespace) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line (argparse prints the whole usage block first)."""
+    """argparse, but a bad flag is one line (argparse prints the whole usage block first), and
+    a value that starts like a negative number is a value: ``--dims -1,64,64`` reached the
+    user as "argument --dims: expected one argument" (argparse took "-1,64,64" for a flag
+    unless it matched ``-N`` or ``-N.N``), not as the size rule its parser states."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?\d[\d,._eE+-]*$")
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")

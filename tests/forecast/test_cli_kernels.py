@@ -135,3 +135,35 @@ def test_plot_refuses_a_path_it_cannot_write_a_figure_to(
     code, _, err = _run(capsys, "kernels", "plot", "--out", str(out))
     assert code == 2 and "--out" in err and len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["kernels", "predict", "--gpu", "t4", "--op", "gemm", "--dims", "-1,64,64"],
+            "--dims '-1,64,64': each size must be a positive whole number, got -1",
+        ),
+        (
+            [
+                "collective",
+                "--op",
+                "all-reduce",
+                "--bytes",
+                "-1e9",
+                "--gpus",
+                "8",
+                "--cluster",
+                "dgx-a100",
+            ],
+            "--bytes -1e+09: give a whole number of bytes",
+        ),
+    ],
+)
+def test_a_negative_value_reaches_its_own_rule(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """argparse read "-1,64,64" as a flag: "argument --dims: expected one argument"."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
