@@ -145,6 +145,19 @@ def whole_numbers(axis: Axis) -> None:
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
 
 
+def short_numbers(axis: Axis) -> None:
+    """Tick labels with k and M for a horizontal log axis, where whole numbers ran into each
+    other ("1,000,0002,000,000" under `tilesim serve --plot`'s throughput axis)."""
+
+    def text(v: float, _: object) -> str:
+        for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+            if abs(v) >= scale:
+                return f"{v / scale:g}{suffix}"
+        return f"{v:g}"
+
+    axis.set_major_formatter(FuncFormatter(text))
+
+
 def save_figure(fig: Figure, path: Path, *, dpi: int = 110) -> Path:
     """Write ``fig`` to ``path`` whole or not at all (its folder made if needed) and close it;
     a path that cannot be written is a `ConfigError` naming it."""

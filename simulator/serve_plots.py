@@ -20,7 +20,7 @@ from matplotlib.axes import Axes
 from matplotlib.text import Annotation
 from matplotlib.ticker import LogLocator, NullFormatter
 
-from simulator.figures import place_labels, save_figure, whole_numbers
+from simulator.figures import place_labels, save_figure, short_numbers
 from simulator.serve import PassTimes, ServeResult
 from simulator.serve_request import ServeRequest
 
@@ -84,7 +84,7 @@ def _draw_batches(
         title="latency against throughput, by batch",
     )
     ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-    whole_numbers(ax.xaxis)
+    short_numbers(ax.xaxis)
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.margins(x=0.12, y=0.08)
     ax.grid(alpha=0.3)

@@ -227,7 +227,7 @@ def test_the_report_says_what_every_column_it_prints_means() -> None:
 # --- tilesim serve --plot -------------------------------------------------------------------
 
 
-def _serve_figure(monkeypatch: pytest.MonkeyPatch) -> Figure:
+def _serve_figure(monkeypatch: pytest.MonkeyPatch, *, tokens_scale: float = 1.0) -> Figure:
     """Batch 200 of a 1,024-token prompt does not fit (the largest that does is 143): its
     point is the rightmost, labelled "b=200 (does not fit)". Decode passes of 7.83 to 8.31
     ms, as Llama 3 8B's batch 16 on an H100 forecast."""
@@ -243,7 +243,7 @@ def _serve_figure(monkeypatch: pytest.MonkeyPatch) -> Figure:
             first_decode_ms=tpot,
             last_decode_ms=tpot,
             e2e_ms=e2e,
-            output_tokens_per_s=b * 64 / e2e * 1e3,
+            output_tokens_per_s=b * 64 / e2e * 1e3 * tokens_scale,
             by_family_ms={},
             comm_ms=0.0,
             weights_gib=15.0,
@@ -272,6 +272,17 @@ def test_serve_batch_labels_lie_inside_their_axes(monkeypatch: pytest.MonkeyPatc
     assert any(t.get_text() == "b=200 (does not fit)" for t in labels)
     frame = _box(left, fig)
     assert all(_inside(_box(t, fig), frame) for t in labels)
+
+
+def test_serve_throughput_ticks_do_not_run_into_each_other(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Over 50,000-3,000,000 tokens/s the whole-number ticks read "1,000,0002,000,000"."""
+    fig = _serve_figure(monkeypatch, tokens_scale=200.0)
+    ticks = [t for t in fig.axes[0].get_xticklabels() if t.get_text()]
+    assert "1M" in [t.get_text() for t in ticks]
+    boxes = sorted((_box(t, fig) for t in ticks), key=lambda b: b.x0)
+    assert all(a.x1 < b.x0 for a, b in itertools.pairwise(boxes))
 
 
 def test_serve_decode_curve_is_not_cut_by_the_top_of_its_axes(
