@@ -56,7 +56,11 @@ class RunConfig(BaseModel):
     )
     recompute: Recompute = Field(default="none", description="activation recomputation")
     zero_stage: int = Field(
-        default=0, ge=0, le=3, description="ZeRO: 1 optimizer, 2 + gradients, 3 + weights"
+        default=0,
+        ge=0,
+        le=3,
+        description="ZeRO: 1 optimizer, 2 + gradients (reduce-scattered after every "
+        "micro-batch's backward, as DeepSpeed stage 2 does), 3 + weights",
     )
     distributed_optimizer: bool = Field(
         default=False, description="Megatron's distributed optimizer (shards like ZeRO-1)"
