@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from forecast.dataset import DataError, load_measurements
@@ -146,16 +147,27 @@ def _predict(args: argparse.Namespace) -> int:
         if str(e).startswith(("dtype ", "op ")):
             raise ConfigError(f"--{e}") from e
         raise
+    # its operands and result, each held once: more than the GPU's memory cannot run as one
+    # kernel; the forecast is printed and the exit code is 1, as for a model that does not fit
+    fits = kernel.bytes() <= gpu.hbm_bytes
+    too_big = (
+        f"its operands and result take {kernel.bytes() / 2**30:,.1f} GiB, more than the "
+        f"GPU's {gpu.hbm_bytes / 2**30:.1f} GiB: it cannot run as one kernel"
+    )
     if args.json:
         print(json.dumps({"latency_s": latency_s, "tflops": kernel.flops() / latency_s / 1e12}))
-        return 0
+        if not fits:
+            print(f"tilesim: does not fit: {too_big}", file=sys.stderr)
+        return 0 if fits else 1
     print(
         kernel_header(
             kernel, gpu, gemm_dims=args.dims.replace(" ", "") if args.op == "gemm" else None
         )
     )
     print("\n".join(f"  {line}" for line in kernel_lines(kernel, gpu, model, latency_s)))
-    return 0
+    if not fits:
+        print(f"  memory   does NOT fit: {too_big}")
+    return 0 if fits else 1
 
 
 EVAL_FAMILIES = ("bmm", "linear", "elementwise", "softmax", "layernorm")

@@ -167,3 +167,17 @@ def test_a_negative_value_reaches_its_own_rule(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_a_kernel_larger_than_the_gpus_memory_prints_its_forecast_and_exits_1(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A 200,000^3 bf16 GEMM (224 GiB of operands) on an 80 GiB A100 exited 0 unremarked."""
+    argv = ["kernels", "predict", "--gpu", "a100-sxm4-80gb", "--op", "gemm", "--dtype", "bf16"]
+    assert main([*argv, "--dims", "200000,200000,200000"]) == 1
+    out = capsys.readouterr().out
+    assert "latency" in out and "does NOT fit: its operands and result take 223.5 GiB" in out
+    assert main([*argv, "--dims", "200000,200000,200000", "--json"]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["latency_s"] > 0 and "does not fit" in captured.err
+    assert main([*argv, "--dims", "2000,2000,2000"]) == 0
