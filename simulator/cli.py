@@ -192,9 +192,12 @@ def _collective(args: argparse.Namespace) -> int:
     )
     ranks = range(args.gpus)
     est = collective_estimate(args.op, args.bytes, ranks, cluster, algorithm=args.algorithm)
+    too_big = _buffer_beyond_memory(args.bytes, cluster.server.gpu)
     if not args.json:
         print(topo_report.describe(est))
-        return 0
+        if too_big:
+            print(f"  does NOT fit: {too_big}")
+        return 1 if too_big else 0
     _print_json(
         {
             "time_s": est.time_s,
@@ -203,7 +206,23 @@ def _collective(args: argparse.Namespace) -> int:
             "algorithm": est.algorithm,
         }
     )
-    return 0
+    if too_big:
+        print(f"tilesim: does not fit: {too_big}", file=sys.stderr)
+    return 1 if too_big else 0
+
+
+def _buffer_beyond_memory(nbytes: float, gpu_id: str) -> str:
+    """Why a collective's buffer cannot sit in one GPU's memory, or "" (also when the server
+    file names a GPU outside the catalog: nothing to check against). The estimate is printed
+    either way and the exit code is 1, as for a model that does not fit."""
+    try:
+        hbm = load_gpu(gpu_id).hbm_bytes
+    except GPUError:
+        return ""
+    if nbytes <= hbm:
+        return ""
+    size = topo_report.size_text(nbytes)
+    return f"its {size} buffer is more than the {hbm / 2**30:.1f} GiB of one {gpu_id}"
 
 
 def _list(args: argparse.Namespace) -> int:

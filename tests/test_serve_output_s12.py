@@ -247,5 +247,8 @@ def test_duration_text_never_prints_a_float_tail(seconds: float, text: str) -> N
 
 def test_a_collective_of_hours_reads_in_seconds(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["collective", "--op", "all-reduce", "--bytes", str(2**50), "--gpus", "16"]
-    assert main([*argv, "--cluster", "dgx-a100"]) == 0
-    assert ": 8,211 s, algbw" in capsys.readouterr().out  # was "8,210,588.959 ms"
+    assert main([*argv, "--cluster", "dgx-a100"]) == 1  # a 1 PiB buffer: no GPU holds it
+    out = capsys.readouterr().out
+    assert ": 8,211 s, algbw" in out  # was "8,210,588.959 ms"
+    assert "does NOT fit: its 1 PiB buffer is more than the 80.0 GiB of one a100-sxm4-80gb" in out
+    assert main([*argv[:-2], "--bytes", str(2**30), "--gpus", "16", "--cluster", "dgx-a100"]) == 0
