@@ -165,6 +165,18 @@ def top_table(rows: Sequence[Row], *, k: int = TOP_K, by: str = "tokens") -> str
     return _table(header, lines)
 
 
+def mfu_over_100_note(rows: Sequence[Row], *, k: int = TOP_K, by: str = "tokens") -> str:
+    """A line under `top_table` when one of its MFUs passes 100% (long causal sequences), else
+    "": the terminal printed "MFU 163.7%" with no word on why (report.md explains its
+    columns)."""
+    if not any((r["mfu"] or 0.0) > 1.0 for r in rank(rows, by)[:k]):
+        return ""
+    return (
+        "MFU over 100%: it counts every (query, key) pair, as published runs do; a causal "
+        "model computes about half of them at long sequences, which causal MFU counts"
+    )
+
+
 def procurement_table(rows: Sequence[Row], *, by: str = "tokens") -> str:
     """For each option and size: best layout, throughput, time to train, cost, energy; an
     option and size without one says why (`unranked_contexts`)."""

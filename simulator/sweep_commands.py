@@ -26,7 +26,7 @@ from tqdm import tqdm
 from forecast.files import write_text_atomic
 from simulator.errors import ConfigError, InfeasibleConfig, add_set_option, at_least
 from simulator.plot_commands import add_plot_command
-from simulator.report import RANKINGS, TOP_K, markdown_report, top_table
+from simulator.report import RANKINGS, TOP_K, markdown_report, mfu_over_100_note, top_table
 from simulator.rows import ProgressLog, Row, final_rows, write_rows
 from simulator.scenario import Scenario, check_tokens, load_scenario
 from simulator.space import Point, Space, enumerate_space, find_scenario, point_keys
@@ -282,6 +282,9 @@ def _finish(
     if not figures:  # nothing ranked: no figure, and none of an earlier sweep's left linked
         remove_results(out, FIGURE_FILES)
     print(top_table(rows, k=args.top, by=args.rank))
+    note = mfu_over_100_note(rows, k=args.top, by=args.rank)
+    if note:
+        print(f"\n{note}")
     print(f"\nwrote {', '.join(str(p) for p in [*written, out / 'report.md', *figures])}")
     failed = [r["key"] for r in rows if r["status"] == "error"]
     if failed:

@@ -218,3 +218,13 @@ def test_simulate_explains_a_figure_over_100_percent(capsys: pytest.CaptureFixtu
     )
     assert main(["simulate", str(TINY)]) == 0
     assert "over 100%" not in capsys.readouterr().out
+
+
+def test_the_sweep_table_explains_an_mfu_over_100_percent(swept: Path) -> None:
+    """The terminal printed "MFU 163.7%" at 131,072 tokens with no word on why."""
+    from simulator.report import mfu_over_100_note
+
+    rows = load_rows(swept)
+    assert mfu_over_100_note(rows) == ""  # every MFU of the tiny sweep is under 100%
+    over = [{**r, "mfu": 1.637} if r.get("mfu") is not None else r for r in rows]
+    assert mfu_over_100_note(over).startswith("MFU over 100%: it counts every (query, key) pair")
