@@ -159,6 +159,12 @@ def _check_executor(args: argparse.Namespace) -> None:
         raise ConfigError(f"{pair[0]} {why}, so {pair[1]} would be ignored; drop one of them")
     if args.workers is None:
         args.workers = LOCAL_CPUS
+    elif args.workers > 2 * LOCAL_CPUS:  # each worker is a process: many more than CPUs only
+        print(  # add memory, not speed (a warning: the user may know the machine better)
+            f"tilesim: warning: --workers {args.workers} on {LOCAL_CPUS} CPUs: each worker is a "
+            f"process with its own memory, and more than the CPUs adds no speed",
+            file=sys.stderr,
+        )
 
 
 def _check_args(args: argparse.Namespace) -> None:

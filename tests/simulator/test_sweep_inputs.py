@@ -445,3 +445,22 @@ def test_an_option_on_another_server_takes_that_servers_node_shape() -> None:
         for c in enumerate_space(scenario).contexts
     }
     assert per_node == {"h": 8, "a": 4}
+
+
+def test_many_more_workers_than_cpus_is_a_warning_not_a_refusal(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--workers 1000 on 2 CPUs was taken silently (a local Ray of 1000 worker processes)."""
+    import argparse
+
+    from simulator import sweep_commands
+
+    many = 2 * sweep_commands.LOCAL_CPUS + 1
+    args = argparse.Namespace(workers=many, serial=False, address=None)
+    sweep_commands._check_executor(args)
+    assert args.workers == many
+    assert (
+        f"warning: --workers {many} on {sweep_commands.LOCAL_CPUS} CPUs" in capsys.readouterr().err
+    )
+    sweep_commands._check_executor(argparse.Namespace(workers=1, serial=False, address=None))
+    assert capsys.readouterr().err == ""
