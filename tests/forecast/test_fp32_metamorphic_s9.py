@@ -131,9 +131,10 @@ def test_huge_row_kernels_warn_of_nothing(capfd: pytest.CaptureFixture[str]) -> 
     from simulator.cli import main
 
     assert main(["kernels", "predict", "--gpu", "a100-pcie-80gb", "--op", "add", "--dims",
-                 "1099511627776,1099511627776", "--json"]) == 0  # fmt: skip
-    out, err = capfd.readouterr()
-    assert err == "" and json.loads(out)["latency_s"] > 0
+                 "1099511627776,1099511627776", "--json"]) == 1  # fmt: skip
+    out, err = capfd.readouterr()  # exit 1 and one line: its operands exceed the GPU's memory
+    assert err.startswith("tilesim: does not fit: ") and err.count("\n") == 1
+    assert json.loads(out)["latency_s"] > 0
 
 
 def test_a_kernels_forecast_does_not_depend_on_its_batch() -> None:
