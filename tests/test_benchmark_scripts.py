@@ -44,3 +44,13 @@ def test_bandwidth_monotone_runs() -> None:
 def test_kernel_speed_runs(gpu: str) -> None:
     (line,) = _run("kernel_speed.py", "--n", "500", "--gpu", gpu)
     assert line.startswith("500 kernels in ") and f"on {gpu}:" in line
+
+
+def test_stream_floor_prints_a_line_per_reading() -> None:
+    neusight = ROOT.parent / "shared" / "data" / "neusight"
+    if not (neusight / "labels").is_dir():
+        pytest.skip(f"NeuSight labels not found at {neusight} (clone without ../shared)")
+    lines = _run("stream_floor.py", "--data", str(neusight))
+    assert [line.split(" training GPUs ")[0].strip() for line in lines] == [
+        "shipped", "GEMMs - F", "GEMMs - F/2", "all - F", "all - F/2"
+    ]  # fmt: skip
