@@ -88,9 +88,10 @@ def load_server(name: str) -> ServerSpec:
     """Load a server by id (``dgx-h100``) or by path to a TOML file."""
     path = _resolve(name, SERVERS_DIR, "server")
     spec = _load(path, ServerSpec)
-    if spec.default_network is not None:  # a bad file is refused whole, whatever needs it
+    net = spec.default_network  # a bad catalog id is refused with its file, whatever needs it
+    if net is not None and Path(net).suffix != ".toml":  # a path is read where it is used
         try:
-            load_network(spec.default_network)
+            load_network(net)
         except TopologyError as e:
             raise TopologyError(f"{path}: field 'default_network': {e}") from None
     if spec.fabric == "mesh":  # a file wires every link (a scenario's cut may drop some)

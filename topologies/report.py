@@ -55,7 +55,7 @@ def describe(est: CollectiveEstimate) -> str:
     us = est.time_s * 1e6
     took = f"{us:.1f} us" if us < 1e3 else f"{us / 1e3:.3f} ms"
     if us >= 1e6:  # "8,210,588.959 ms" read badly
-        took = f"{us / 1e6:,.4g} s"
+        took = f"{us / 1e6:,.0f} s" if us >= 1e9 else f"{us / 1e6:.4g} s"
     return (
         f"{est.op} {size} over {est.num_ranks} ranks: {took}, "
         f"algbw {_gb_per_s(est.algbw_bytes_per_s)}, busbw {_gb_per_s(est.busbw_bytes_per_s)} "

@@ -66,3 +66,15 @@ def test_serve_names_a_server_files_unknown_gpu(
     assert main([*argv, "--server", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"--server {path}: field 'gpu': unknown GPU 'nope'" in err and err.count("\n") == 1
+
+
+def test_a_server_files_network_path_is_left_to_where_it_is_read(tmp_path: Path) -> None:
+    """A scenario reads a .toml network beside itself (`beside_scenario`): the server file
+    is not the place to resolve that path."""
+    path = _copy(
+        SERVERS_DIR / "dgx-a100.toml",
+        tmp_path / "s.toml",
+        'default_network = "ib-hdr"',
+        'default_network = "my_net.toml"',
+    )
+    assert load_server(str(path)).default_network == "my_net.toml"
