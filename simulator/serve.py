@@ -23,8 +23,11 @@ that fits, as all three but the weights grow with the batch. fp8 means fp8 weigh
 1-byte weights (under ``megatron`` those of the layers' linears only: the token table, output
 head, norms and router run and stay in bf16, `memory.estimate_memory`), while under
 ``megatron`` attention runs in bf16 and reads a bf16 KV cache (as
-TransformerEngine's recipe, and vLLM's fp8 weights without ``--kv-cache-dtype fp8``); an fp8
-KV cache is not modelled. MoE layers run only the experts their routed rows are expected to
+TransformerEngine's recipe, and vLLM's fp8 weights without ``--kv-cache-dtype fp8``); under
+``hf-eager`` every kernel runs in the dtype asked, attention and so its KV cache included (an
+fp8 cache: a what-if, as eager PyTorch has no fp8 attention). The cache is sized for
+``prompt + gen`` tokens, as a static cache is allocated (the last token generated is never
+written: ``prompt + gen - 1`` are). MoE layers run only the experts their routed rows are expected to
 reach under uniform routing (`moe_routing.routed_experts`: 2 of Mixtral's 8 at batch 1, 4 at
 batch 2, 5 at batch 4).
 
