@@ -27,9 +27,9 @@ TransformerEngine's recipe, and vLLM's fp8 weights without ``--kv-cache-dtype fp
 ``hf-eager`` every kernel runs in the dtype asked, attention and so its KV cache included (an
 fp8 cache: a what-if, as eager PyTorch has no fp8 attention). The cache is sized for
 ``prompt + gen`` tokens, as a static cache is allocated (the last token generated is never
-written: ``prompt + gen - 1`` are). MoE layers run only the experts their routed rows are expected to
-reach under uniform routing (`moe_routing.routed_experts`: 2 of Mixtral's 8 at batch 1, 4 at
-batch 2, 5 at batch 4).
+written: ``prompt + gen - 1`` are). MoE layers run only the experts their routed rows are
+expected to reach under uniform routing (`moe_routing.routed_experts`: 2 of Mixtral's 8 at
+batch 1, 4 at batch 2, 5 at batch 4).
 
 Tensor parallelism (``tp`` GPUs of one server): each GPU holds ``1 / tp`` of the model
 (`serve_parallel.shard`), so every figure above is per GPU, and each pass adds its blocking
