@@ -17,8 +17,11 @@ from simulator.rows import Row
 def amount_text(v: float | None) -> str:
     """Days, dollars, MWh or a step's seconds: whole numbers from 100 up, else three
     significant digits (fixed decimals printed a fine-tuning job's 0.37 $ as "0", its 0.19 MWh
-    as "0", 0.002 days as "0.0"; a step's ".3g" printed 19.0 s as "19" beside "19.1")."""
-    return "-" if v is None else format(v, ",.0f" if abs(v) >= 100 else "#.3g")
+    as "0", 0.002 days as "0.0"; a step's ".3g" printed 19.0 s as "19" beside "19.1"); from
+    10^9 in powers of ten (a 0.5-hour GPU MTBF printed 10^226 days as 227 digits)."""
+    if v is None:
+        return "-"
+    return format(v, ".3g" if abs(v) >= 1e9 else ",.0f" if abs(v) >= 100 else "#.3g")
 
 
 def screen_error(rows: Sequence[Row]) -> tuple[float, float] | None:

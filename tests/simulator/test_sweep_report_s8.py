@@ -47,6 +47,12 @@ def test_small_amounts_are_not_printed_as_zero() -> None:
         "20.5",
         "-",
     ]
+    # absurd ones (a GPU failing every half hour: 10^226 days) in powers of ten
+    assert [amount_text(v) for v in (999_999_999.0, 1.234e9, 2.5e226)] == [
+        "999,999,999",
+        "1.23e+09",
+        "2.5e+226",
+    ]
 
 
 def _figure(monkeypatch: pytest.MonkeyPatch, draw: Any, rows: list[Row]) -> Figure:
