@@ -14,6 +14,7 @@ from typing import Any
 
 from simulator.errors import ConfigError
 from simulator.report_notes import COLUMNS, amount_text, notes
+from simulator.results import OVER_100_REASON
 from simulator.rows import Row
 
 # ranking id -> (column, highest first)
@@ -171,10 +172,7 @@ def mfu_over_100_note(rows: Sequence[Row], *, k: int = TOP_K, by: str = "tokens"
     columns)."""
     if not any((r["mfu"] or 0.0) > 1.0 for r in rank(rows, by)[:k]):
         return ""
-    return (
-        "MFU over 100%: it counts every (query, key) pair, as published runs do; a causal "
-        "model computes about half of them at long sequences, which causal MFU counts"
-    )
+    return f"MFU over 100%: {OVER_100_REASON}"
 
 
 def procurement_table(rows: Sequence[Row], *, by: str = "tokens") -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 import typing
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from simulator.errors import (
 )
 from simulator.models import DEFAULT_DATA_DIR
 from simulator.parallel import RunConfig
-from simulator.results import StepResult
+from simulator.results import OVER_100_REASON, StepResult
 from simulator.scenario import SimInputs, TrainingSection, check_tokens, load_scenario, resolve
 from simulator.simulate import latency_table, layout_of, simulate_timeline
 from simulator.space import find_scenario
@@ -133,12 +134,12 @@ def step_lines(inputs: SimInputs, run: RunConfig, result: StepResult) -> list[st
         f"  of peak   MFU {result.mfu:.1%}, causal MFU {result.mfu_causal:.1%}; with "
         f"recomputation HFU {result.hfu:.1%}, causal HFU {result.hfu_causal:.1%}",
         *(
-            [
-                "            (over 100%: MFU, HFU and hardware TFLOP/s count every (query, "
-                "key) pair, as",
-                "            published runs do; a causal model computes about half of them "
-                "(the causal figures))",
-            ]
+            textwrap.wrap(
+                f"(over 100%: MFU, HFU and hardware TFLOP/s: {OVER_100_REASON})",
+                width=90,
+                initial_indent=" " * 12,
+                subsequent_indent=" " * 12,
+            )
             if max(result.mfu, result.hfu) > 1.0 and result.mfu_causal < result.mfu
             else []
         ),
