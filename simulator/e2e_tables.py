@@ -10,6 +10,10 @@ README (between each table's markers; a test checks the README's copies are this
    measured under different conditions and no kernel model meets both.
 4. Per ``torch.compile``d run (``-fusion``): measured and forecast (framework ``hf-compile``)
    times, and the compiled-over-eager ratio of each beside its eager twin's.
+5. Per training run: the label's own forward and backward times, their ratio measured and
+   forecast, and each pass's error. A backward runs about twice its forward's FLOPs, and most
+   runs measure 1.7-2.1x; where a label's ratio sits far below that, its forward timer holds
+   work the forecast does not see (or that its backward timer lost).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from forecast.predict import load_latency_model
-from simulator.e2e import FITTED, family_times_s
+from simulator.e2e import FITTED, family_times_s, predict_graph
 from simulator.e2e_validate import (
     PreparedRun,
     load_labels,
@@ -31,6 +35,7 @@ from simulator.e2e_validate import (
     same_kernel_ratios,
 )
 from simulator.label_trace import HOST, TABLED
+from simulator.opgraph import Phase
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,11 +52,13 @@ E2E_BEGIN, E2E_END = "<!-- e2e-validation:begin -->", "<!-- e2e-validation:end -
 FAMILY_BEGIN, FAMILY_END = "<!-- e2e-families:begin -->", "<!-- e2e-families:end -->"
 SAME_BEGIN, SAME_END = "<!-- e2e-same-kernel:begin -->", "<!-- e2e-same-kernel:end -->"
 COMPILE_BEGIN, COMPILE_END = "<!-- e2e-compile:begin -->", "<!-- e2e-compile:end -->"
+SPLIT_BEGIN, SPLIT_END = "<!-- e2e-split:begin -->", "<!-- e2e-split:end -->"
 E2E_MARKERS = (
     (E2E_BEGIN, E2E_END),
     (FAMILY_BEGIN, FAMILY_END),
     (SAME_BEGIN, SAME_END),
     (COMPILE_BEGIN, COMPILE_END),
+    (SPLIT_BEGIN, SPLIT_END),
 )
 
 
@@ -136,6 +143,33 @@ def compiled_rows(compiled: Runs, eager: Runs) -> list[str]:
     return rows
 
 
+def split_rows(runs: Runs) -> list[str]:
+    """Per training run (tile-mlp): measured forward and backward ms; backward / forward as
+    the label times it, as its per-op trace sums it (`label_trace.trace_pass_ms`) and as
+    forecast; and the signed error of each pass and of their sum."""
+    rows = [
+        "| GPU | run | forward ms | backward ms | backward / forward: measured, trace, ours "
+        "| forward | backward | e2e |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in sorted(runs["tile-mlp"], key=_key):
+        lab = p.label
+        if lab.run.mode != "train" or lab.fw_ms <= 0 or lab.bw_ms <= 0:
+            continue
+        tr = lab.trace_pass_ms
+        traced = f"{tr['backward'] / tr['forward']:.2f}" if tr and tr["forward"] > 0 else "-"
+        t = predict_graph(p.graph, p.table, FITTED)
+        fw, bw = t[Phase.FORWARD] * 1e3, t[Phase.BACKWARD] * 1e3
+        rows.append(
+            f"| {lab.gpu_id} | {lab.model} seq {lab.run.seq} batch {lab.run.batch} | "
+            f"{lab.fw_ms:.1f} | {lab.bw_ms:.1f} | {lab.bw_ms / lab.fw_ms:.2f}, {traced}, "
+            f"{bw / fw:.2f} | "
+            f"{fw / lab.fw_ms - 1:+.1%} | {bw / lab.bw_ms - 1:+.1%} | "
+            f"{(fw + bw) / lab.e2e_ms - 1:+.1%} |"
+        )
+    return rows
+
+
 def _key(p: PreparedRun) -> tuple[str, str, int, int, str]:
     lab = p.label
     return lab.gpu_id, lab.model, lab.run.seq, lab.run.batch, lab.run.mode
@@ -172,7 +206,7 @@ def e2e_runs(data_dir: Path, *, compiled: bool = False) -> tuple[Runs, dict[str,
 
 
 def e2e_tables(data_dir: Path, runs: Runs, compiled: Runs) -> list[Table]:
-    """The four tables of ``runs`` and ``compiled`` (from `e2e_runs` of the same
+    """The five tables of ``runs`` and ``compiled`` (from `e2e_runs` of the same
     ``data_dir``, eager and ``compiled=True``)."""
     return [
         Table(
@@ -201,5 +235,11 @@ def e2e_tables(data_dir: Path, runs: Runs, compiled: Runs) -> list[Table]:
             COMPILE_BEGIN,
             COMPILE_END,
             "\n".join(compiled_rows(compiled, runs)),
+        ),
+        Table(
+            "Training runs: the labels' own forward / backward split against ours (tile-mlp)",
+            SPLIT_BEGIN,
+            SPLIT_END,
+            "\n".join(split_rows(runs)),
         ),
     ]

@@ -27,7 +27,13 @@ from forecast.predict import LatencyModel, LatencyTable
 from forecast.stream import stream_table
 from simulator.e2e import Overheads, predict_graph
 from simulator.errors import ConfigError
-from simulator.label_trace import TABLED, trace_backward_ms, trace_family_ms, trace_kernels
+from simulator.label_trace import (
+    TABLED,
+    trace_backward_ms,
+    trace_family_ms,
+    trace_kernels,
+    trace_pass_ms,
+)
 from simulator.models import ModelSpec, load_model
 from simulator.opgraph import OpGraph, Phase, Workload, build_ops
 
@@ -48,6 +54,7 @@ class Label:
     fw_ms: float
     bw_ms: float
     trace_family_ms: dict[str, float] | None = None  # the run's per-op trace, per family
+    trace_pass_ms: dict[str, float] | None = None  # the same trace, forward and backward
 
     @property
     def trace_ms(self) -> float | None:
@@ -125,9 +132,11 @@ def load_labels(data_dir: Path, *, compiled: bool = False) -> tuple[list[Label],
                 framework=framework,  # type: ignore[arg-type]
             )
             model = MODEL_ALIASES.get(m["model"], m["model"])
-            trace = None
+            trace = passes = None
             if not compiled:
-                trace = trace_family_ms(path.with_suffix(".csv.gz"), int(raw.get("num_layer") or 0))
+                csv_path, layers = path.with_suffix(".csv.gz"), int(raw.get("num_layer") or 0)
+                trace = trace_family_ms(csv_path, layers)
+                passes = trace_pass_ms(csv_path, layers) if run.mode == "train" else None
             labels.append(
                 Label(
                     gpu.id,
@@ -138,6 +147,7 @@ def load_labels(data_dir: Path, *, compiled: bool = False) -> tuple[list[Label],
                     float(raw["fw_latency"]),
                     float(raw["bwall_latency"]),
                     trace,
+                    passes,
                 )
             )
     return labels, skipped

@@ -22,8 +22,9 @@ def add_validate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     vs = v.add_subparsers(dest="validate_cmd", required=True, metavar="COMMAND")
     e = vs.add_parser(
         "e2e",
-        help="whole-model error per GPU, per op family against the per-op traces, and the "
-        "kernels measured twice (NeuSight labels)",
+        help="whole-model error per GPU, per op family against the per-op traces, the "
+        "kernels measured twice, torch.compile runs and the training runs' forward / backward "
+        "split (NeuSight labels)",
     )
     e.add_argument(
         "--data",
@@ -36,8 +37,8 @@ def add_validate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
         "--readme",
         type=path_arg,
         default=None,
-        help="rewrite the README's four e2e tables (per GPU, per op family, kernels measured "
-        "twice, torch.compile runs), all or none",
+        help="rewrite the README's five e2e tables (per GPU, per op family, kernels measured "
+        "twice, torch.compile runs, training runs' forward / backward split), all or none",
     )
     e.add_argument(
         "--plot", type=path_arg, default=None, help="draw predicted vs measured (PNG, PDF, SVG ...)"
@@ -53,7 +54,7 @@ def _validate_e2e(args: argparse.Namespace) -> int:
         figure_path(args.plot, "--plot")
     if not (args.data / "labels").is_dir():
         raise ConfigError(f"--data {args.data}: no labels folder; give the NeuSight data folder")
-    if args.readme is not None:  # before the minutes of work, and all four tables or none
+    if args.readme is not None:  # before the minutes of work, and all five tables or none
         check_readme(args.readme, E2E_MARKERS)
     runs, skipped = e2e_runs(args.data)
     compiled = e2e_runs(args.data, compiled=True)[0]

@@ -39,9 +39,30 @@ def test_e2e_tables_are_what_validate_e2e_prints() -> None:
     from simulator.e2e_tables import e2e_runs, e2e_tables
 
     tables = e2e_tables(NEUSIGHT, e2e_runs(NEUSIGHT)[0], e2e_runs(NEUSIGHT, compiled=True)[0])
-    assert len(tables) == 4
+    assert len(tables) == 5
     for t in tables:
         assert _between(t.begin, t.end) == t.markdown
+
+
+def test_the_labels_whose_timers_split_a_run_unlike_its_trace() -> None:
+    """The README's prose under the fifth e2e table: 11 of 31 training labels time a backward
+    under 1.4x their forward (A100 80GB 1.06-1.39, AMD 0.65-0.99), where every trace sums
+    1.40-2.00x and ours 1.81-2.09x; on the A100 80GB exactly those runs are forecast fast."""
+    if not (NEUSIGHT / "labels").is_dir():
+        pytest.skip(f"NeuSight labels not found at {NEUSIGHT} (clone without ../shared)")
+    from simulator.e2e_tables import e2e_runs, split_rows
+
+    rows = [r.split(" | ") for r in split_rows(e2e_runs(NEUSIGHT)[0])[2:]]
+    assert len(rows) == 31
+    ratios = [[float(x) if x != "-" else None for x in r[4].split(", ")] for r in rows]
+    odd = [i for i, (label, _, _) in enumerate(ratios) if label < 1.4]  # type: ignore[operator]
+    assert len(odd) == 11
+    assert all(1.4 <= trace <= 2.0 for _, trace, _ in ratios if trace is not None)
+    assert all(1.8 <= ours <= 2.1 for _, _, ours in ratios)  # type: ignore[operator]
+    for i, r in enumerate(rows):
+        if r[0] == "| a100-pcie-80gb":
+            e2e = float(r[7].rstrip("% |"))
+            assert (e2e < 0) == (i in odd), r
 
 
 def _without_last_column(text: str) -> str:

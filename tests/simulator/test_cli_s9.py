@@ -126,12 +126,12 @@ def test_run_dp_rule_says_the_fix(cp: int, fix: str, capsys: pytest.CaptureFixtu
     assert line.startswith("run.dp: tp*cp*pp*dp = ") and line.endswith(fix)
 
 
-def test_validate_e2e_readme_help_names_the_four_tables(
+def test_validate_e2e_readme_help_names_the_five_tables(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """It said "the e2e table"; --readme rewrites the four (`e2e_tables.E2E_MARKERS`)."""
+    """It said "the e2e table"; --readme rewrites the five (`e2e_tables.E2E_MARKERS`)."""
     assert main(["validate", "e2e", "--help"]) == 0
-    assert "rewrite the README's four e2e tables" in " ".join(capsys.readouterr().out.split())
+    assert "rewrite the README's five e2e tables" in " ".join(capsys.readouterr().out.split())
 
 
 def test_predict_runs_a_line_that_is_not_utf8_fails_alone(

@@ -191,6 +191,17 @@ def test_trace_sums_layer_zero_rows_per_family(tmp_path: Path) -> None:
     assert trace_family_ms(path, 0) == pytest.approx(
         {"memory": 103.5, "linear": 8.0, HOST: 0.25, "bmm": 2.0, "elementwise": 1.0}
     )
+    # the same trace by pass: forward; backward + AccumulateGrad (as bwall_latency times it)
+    from simulator.label_trace import trace_pass_ms
+
+    layer_fw, layer_bw = 3.0 + 0.25 + 2.0 + 0.5, 4.0 + 1.0 + 0.5
+    assert trace_pass_ms(path, 24) == pytest.approx(
+        {"forward": layer_fw * 24 + 1.0 + 100.0, "backward": layer_bw * 24 + 2.5}
+    )
+    assert trace_pass_ms(path, 0) == pytest.approx(
+        {"forward": layer_fw + 101.0, "backward": layer_bw + 2.5}
+    )
+    assert trace_pass_ms(tmp_path / "absent.csv.gz", 24) is None
 
 
 @pytest.mark.parametrize(
