@@ -10,16 +10,21 @@ The mapping, stated once:
   ``_softmax``/``_log_softmax``/``_safe_softmax`` (``scaled_dot_product_attention`` on meta)
   -> softmax;
   ``native_layer_norm`` -> layernorm; ``embedding`` -> embedding;
+  ``_scaled_dot_product_flash_attention`` -> FlashAttention-2 (`oprules.flash_attention`;
+  `module_trace` routes ``F.scaled_dot_product_attention`` there where CUDA would run it);
   ``native_dropout`` -> dropout (meta takes CPU's unfused dropout path, so ``F.dropout`` and
   ``torch.dropout`` are routed to ``native_dropout``, the kernel CUDA runs);
 * element-wise ops -> `ELEMENTWISE` (NeuSight names); a Python-scalar operand, or a
   broadcast operand at most a quarter of the output, selects the ``u`` form (``addu``);
 * ``where``/``masked_fill`` -> masked_fill; ``maximum``/``minimum`` against a one-element
   tensor (a clamp, as OPT's ``torch.max(scores, finfo.min)``) -> maximum; copies (clone,
-  _to_copy, copy_, cat) -> copy; fills (ones, zeros, full, arange, ...) -> fill; view-like
-  ops and allocations launch no kernel and count as host ops;
-* any other op with a tensor output -> a ``copy`` of its output, named in ``unmapped``
-  (`module_trace` does that where `lookup_rule` finds no rule or the rule returns None).
+  _to_copy, copy_, cat, stack) -> copy; fills (ones, zeros, full, arange, random draws such
+  as ``bernoulli_``, ...) -> fill; view-like ops and allocations launch no kernel and count
+  as host ops;
+* any other op with a tensor output -> a ``copy`` of the largest tensor it reads or writes
+  (a reduction reads all of its input, a pooling all of its window), with a ``copy`` of the
+  same size backward (its input's gradient), named in ``unmapped`` (`unmapped_copy`, which
+  `module_trace` applies where `lookup_rule` finds no rule or the rule returns None).
 """
 
 from __future__ import annotations
@@ -44,12 +49,14 @@ def _names(text: str) -> frozenset[str]:
 VIEW_OPS = _names(
     "view _unsafe_view reshape _reshape_alias permute transpose t expand expand_as slice "
     "select unsqueeze squeeze split split_with_sizes unbind chunk narrow detach alias "
-    "as_strided view_as unfold diagonal empty empty_like empty_strided new_empty lift_fresh"
+    "as_strided view_as unfold diagonal empty empty_like empty_strided new_empty lift_fresh "
+    "unsafe_split unsafe_split_with_sizes unsafe_chunk view_as_real view_as_complex "
+    "transpose_ t_ squeeze_ unsqueeze_ as_strided_"
 )
-COPY_OPS = _names("clone _to_copy copy_ copy cat contiguous")
+COPY_OPS = _names("clone _to_copy copy_ copy cat contiguous stack")
 FILL_OPS = _names(
     "ones zeros full fill_ fill zero_ ones_like zeros_like full_like arange scalar_tensor "
-    "new_zeros new_ones new_full"
+    "new_zeros new_ones new_full bernoulli rand rand_like randn randn_like"
 )
 MASK_OPS = frozenset({"where", "masked_fill"})
 # aten element-wise op -> NeuSight op (forecast.kernels.ELEMENTWISE_OPS); the ops without a
@@ -143,6 +150,22 @@ def _memory_op(name: str, call: Call, dt: Dtype) -> FrameworkOp:
     return r.memory(name, "fill" if call.op in FILL_OPS else "copy", shape, dt)
 
 
+def unmapped_copy(name: str, call: Call, dt: Dtype) -> FrameworkOp:
+    """An op without a rule: a copy of the largest tensor it reads or writes, forward and
+    backward (module docstring)."""
+    big = max((*call_tensors(call), *call.outs), key=lambda t: t.numel())
+    return r.memory(name, "copy", row_shape(big), dt, bw_op="copy")
+
+
+def _flash(name: str, call: Call, dt: Dtype) -> FrameworkOp:
+    """``_scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, ...)``, q and k
+    as (batch, heads, sequence, head dim)."""
+    q, k = call.args[0], call.args[1]
+    causal = bool(call.args[4]) if len(call.args) > 4 else False
+    dims = (int(q.shape[0] * q.shape[1]), int(q.shape[2]), int(k.shape[2]), int(q.shape[3]))
+    return r.flash_attention(name, dims, dt, causal=causal)
+
+
 CLAMP_OPS = frozenset({"maximum", "minimum"})
 # ``_safe_softmax``: the softmax of scaled_dot_product_attention's math path (torch >= 2.5)
 SOFTMAX_OPS = frozenset({"_softmax", "_log_softmax", "_safe_softmax"})
@@ -163,6 +186,7 @@ RULES: dict[str, Callable[[str, Call, Dtype, bool], FrameworkOp | None]] = {
     "convolution": lambda n, c, d, p: _conv(n, c, d),
     **{op: lambda n, c, d, p: _row_op(n, c, d) for op in SOFTMAX_OPS},
     "native_layer_norm": lambda n, c, d, p: _row_op(n, c, d),
+    "_scaled_dot_product_flash_attention": lambda n, c, d, p: _flash(n, c, d),
     **{op: lambda n, c, d, p: _elementwise(n, c, d) for op in ELEMENTWISE},
     **{
         op: lambda n, c, d, p: _memory_op(n, c, d)

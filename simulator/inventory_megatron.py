@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from forecast.kernels import FAMILY_OPS, ITEMSIZE_BYTES, Dtype, KernelSpec, OpFamily
+from forecast.kernels import ITEMSIZE_BYTES, Dtype, KernelSpec, OpFamily
 from simulator import oprules as r
 from simulator.inventory_hf import Sizes, attention_core, sizes
 from simulator.models import ModelSpec
@@ -135,10 +135,7 @@ def flash_attention(z: Sizes, *, causal: bool = True) -> FrameworkOp:
         if z.cache and z.S == 1:  # decoding: FA2 lays a GQA group out as query rows, no mask
             dims = (z.B * z.kv, z.nh // z.kv, z.keys, z.d)
             return FrameworkOp("flash_attention", (KernelSpec(ATTN, dims, dt, "attention"),))
-        fw, bw = ("attention_causal", "attention_causal_bwd") if causal else FAMILY_OPS[ATTN][:2]
-        dims = (bh, z.S, z.keys, z.d)
-        fw_k, bw_k = KernelSpec(ATTN, dims, dt, fw), KernelSpec(ATTN, dims, dt, bw)
-        return FrameworkOp("flash_attention", (fw_k,), (bw_k,))
+        return r.flash_attention("flash_attention", (bh, z.S, z.keys, z.d), dt, causal=causal)
     qk = KernelSpec(OpFamily.BMM, (bh, z.S, z.d, z.keys), z.dt)
     av = KernelSpec(OpFamily.BMM, (bh, z.S, z.keys, z.d), z.dt)
     grad_k = KernelSpec(OpFamily.BMM, (bh, z.S, z.S, z.d), z.dt)

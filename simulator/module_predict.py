@@ -10,11 +10,13 @@ one JSON object a run under ``--json``).
 
 Memory estimate (the analytic builders' closed form needs a `ModelSpec`, which a module lacks):
 
-* weights: the module's parameter bytes; training adds, for the trainable parameters only
-  (``requires_grad``), gradients (same bytes) and Adam (two fp32 moments, plus an fp32 master
-  copy when parameters are 16-bit);
+* weights: the module's parameter and buffer bytes (a buffer, such as a causal mask, a rotary
+  table or a KV cache, is held but never stepped); training adds, for the trainable
+  parameters only (``requires_grad``), gradients (same bytes) and Adam (two fp32 moments,
+  plus an fp32 master copy when parameters are 16-bit);
 * activations, training: the bytes written by every forward kernel (views excluded), all kept
-  for the backward pass: an upper bound, since autograd keeps only the tensors it needs;
+  for the backward pass (an upper bound, since autograd keeps only the tensors it needs), and
+  the gradient of the largest output, which the backward holds beside them;
 * activations, inference: twice the largest single kernel output (one op's input and output
   alive at once; everything else is freed as the forward goes).
 """
@@ -28,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from forecast.flash_attention import has_flash_attention
 from forecast.gpus import GPUSpec
 from forecast.kernels import ITEMSIZE_BYTES
 from forecast.predict import LatencyModel
@@ -54,6 +57,9 @@ def load_builder(spec: str) -> Callable[..., Any]:
     if not path.is_file():
         what = "is a folder; give the .py file" if path.is_dir() else "does not exist"
         raise ConfigError(f"module file {path} {what}")
+    folder = str(path.resolve().parent)  # its sibling files import, as under `python FILE.py`
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     mod_name = f"tilesim_module_{path.stem}"
     loader_spec = importlib.util.spec_from_file_location(mod_name, path)
     if loader_spec is None or loader_spec.loader is None:
@@ -90,11 +96,17 @@ def _unpack(call: str, built: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]
     return parts[0], tuple(args), kwargs
 
 
-def trace_builder(spec: str, run: Workload) -> ModuleTrace:
-    """Call ``FUNC(batch, seq)`` on the meta device and trace the module's forward."""
+def trace_builder(spec: str, run: Workload, *, flash: bool = False) -> ModuleTrace:
+    """Call ``FUNC(batch, seq)`` on the meta device and trace the module's forward;
+    ``flash``: the GPU runs FlashAttention-2 (`module_trace.trace_module`)."""
     import torch
 
-    from simulator.module_trace import DTYPES, NoGradientOutputError, trace_module
+    from simulator.module_trace import (
+        DTYPES,
+        AutocastError,
+        NoGradientOutputError,
+        trace_module,
+    )
 
     fn = load_builder(spec)
     call = f"{spec.rpartition(':')[2]}({run.batch}, {run.seq})"
@@ -115,7 +127,13 @@ def trace_builder(spec: str, run: Workload) -> ModuleTrace:
         )
     try:
         with torch.device("meta"):
-            return trace_module(module, args, train=run.mode == "train", kwargs=kwargs)
+            return trace_module(module, args, train=run.mode == "train", kwargs=kwargs, flash=flash)
+    except AutocastError:
+        raise ConfigError(
+            f"forward of {call} runs under torch.autocast, which the meta device ignores (it "
+            "would be priced in its parameters' dtype); cast the module in the builder "
+            "instead (module.to(torch.bfloat16))"
+        ) from None
     except NoGradientOutputError as e:
         raise ConfigError(
             f"{call}: {e}; --mode train takes the gradient of a floating-point output (return "
@@ -128,14 +146,16 @@ def trace_builder(spec: str, run: Workload) -> ModuleTrace:
 def module_memory(trace: ModuleTrace, run: Workload, gpu: GPUSpec) -> MemoryEstimate:
     """Weights, gradients, Adam state and activations (module docstring)."""
     train = run.mode == "train"
-    acts = float(trace.kernel_out_bytes) if train else 2.0 * trace.largest_out_bytes
+    acts = float(trace.kernel_out_bytes + trace.largest_out_bytes)
+    acts = acts if train else 2.0 * trace.largest_out_bytes
     n = float(trace.num_params)
     item = trace.param_bytes / n if n else float(ITEMSIZE_BYTES[trace.dtype])
     stepped = float(trace.trainable_params) if train else n
     mem = step_memory(
         num_params=stepped, item_bytes=item, train=train, activations_bytes=acts, gpu=gpu
     )
-    frozen = item * (n - stepped)  # weights only: no gradient, no Adam state
+    # frozen parameters and buffers: held, no gradient, no Adam state
+    frozen = item * (n - stepped) + trace.buffer_bytes
     total = mem.total_bytes + frozen
     update = {"weights_bytes": mem.weights_bytes + frozen, "total_bytes": total}
     return mem.model_copy(update={**update, "fits": total <= usable_bytes(gpu)})
@@ -146,7 +166,7 @@ def predict_module(
 ) -> tuple[E2EResult, dict[str, int]]:
     """The ``tilesim predict`` result for a traced module, and its unmapped aten ops."""
     with contextlib.redirect_stdout(sys.stderr):  # the user's prints (module docstring)
-        trace = trace_builder(spec, run)
+        trace = trace_builder(spec, run, flash=has_flash_attention(gpu))
     run = run.model_copy(update={"dtype": trace.dtype})
     graph = ops_from_blocks(trace.blocks, run)
     return graph_result(graph, gpu, latency_model, module_memory(trace, run, gpu)), trace.unmapped

@@ -18,6 +18,7 @@ bias's) only when it needs one.
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
@@ -29,7 +30,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map_only
 
 from forecast.kernels import Dtype
-from simulator.aten_rules import RULES, VIEW_OPS, Call, call_tensors, lookup_rule, row_shape
+from simulator.aten_rules import (
+    RULES,
+    VIEW_OPS,
+    Call,
+    call_tensors,
+    lookup_rule,
+    row_shape,
+    unmapped_copy,
+)
 from simulator.opgraph import Block
 from simulator.oprules import FrameworkOp
 
@@ -50,6 +59,7 @@ class ModuleTrace:
     trainable_params: int  # of num_params, those that get a gradient (and Adam state)
     param_bytes: int
     dtype: Dtype
+    buffer_bytes: int  # registered buffers (masks, rotary tables, caches): held, never stepped
     kernel_out_bytes: int  # bytes written by all forward kernels
     largest_out_bytes: int  # the largest single kernel output
 
@@ -78,21 +88,88 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
-class _NativeDropout(TorchFunctionMode):
-    """Routes ``F.dropout`` and ``torch.dropout`` in training to ``aten.native_dropout``
-    (CUDA's kernel)."""
+class _CudaRoutes(TorchFunctionMode):
+    """Routes calls whose meta decomposition differs from the kernels CUDA runs: ``F.dropout``
+    and ``torch.dropout`` in training to ``aten.native_dropout`` (CUDA's kernel; meta takes
+    CPU's unfused path), and with ``flash`` (a GPU FlashAttention-2 runs on)
+    ``F.scaled_dot_product_attention`` in 16 bits to ``aten._scaled_dot_product_flash_attention``
+    (`_flash_sdpa`) instead of its math path (meta's: q, k and v cast to fp32, the whole score
+    matrix in two bmm and a softmax). Refuses autocast, which meta tensors ignore.
+
+    A mode does not see the calls inside a function it handles (``nn.MultiheadAttention``
+    calls ``scaled_dot_product_attention`` from ``F.multi_head_attention_forward``), so while
+    it is active ``torch.nn.functional.scaled_dot_product_attention`` is also replaced by the
+    routed one; the mode catches a reference taken before (``from torch.nn.functional import
+    scaled_dot_product_attention``)."""
+
+    def __init__(self, *, flash: bool) -> None:
+        super().__init__()
+        self.flash = flash
+        self.sdpa = F.scaled_dot_product_attention
+
+    def __enter__(self) -> _CudaRoutes:
+        if self.flash:
+            F.scaled_dot_product_attention = self._routed_sdpa
+        return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        F.scaled_dot_product_attention = self.sdpa
+        super().__exit__(*exc)
+
+    def _routed_sdpa(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        routed = _flash_sdpa(dict(zip(SDPA_ARGS, args, strict=False)) | kwargs)
+        return self.sdpa(*args, **kwargs) if routed is None else routed
 
     def __torch_function__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         kwargs = kwargs or {}
+        if any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")):
+            raise AutocastError
         if func is F.dropout or func is torch.dropout:
             named = dict(zip(("input", "p", "training"), args, strict=False)) | kwargs
             p, training = named.get("p", 0.5), named.get("training", named.get("train", True))
             if training and p > 0:
                 return torch.ops.aten.native_dropout.default(named["input"], p, True)[0]
             return named["input"]
+        if func is self.sdpa and self.flash:
+            return self._routed_sdpa(*args, **kwargs)
         return func(*args, **kwargs)
+
+
+SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
+FLASH_MAX_HEAD_DIM = 256  # FlashAttention-2's largest head dimension
+
+
+def _flash_sdpa(named: dict[str, Any]) -> torch.Tensor | None:
+    """PyTorch's flash backend for ``scaled_dot_product_attention`` where it takes the call
+    (fp16/bf16, 4-d, no explicit mask, head dim at most 256, as many key as query heads),
+    else None (the math path)."""
+    q, k, v = named["query"], named["key"], named["value"]
+    if not (
+        q.dtype in FLASH_DTYPES
+        and q.dim() == k.dim() == v.dim() == 4
+        and named.get("attn_mask") is None
+        and q.shape[-1] <= FLASH_MAX_HEAD_DIM
+        and q.shape[1] == k.shape[1] == v.shape[1]
+    ):
+        return None
+    out = torch.ops.aten._scaled_dot_product_flash_attention(
+        q,
+        k,
+        v,
+        float(named.get("dropout_p", 0.0)),
+        bool(named.get("is_causal", False)),
+        False,
+        scale=named.get("scale"),
+    )
+    return out[0]
+
+
+class AutocastError(RuntimeError):
+    """The module ran under ``torch.autocast``, which meta tensors ignore (it would be priced
+    in the parameters' dtype)."""
 
 
 def _charge_params(fop: FrameworkOp, new: list[torch.Tensor]) -> FrameworkOp:
@@ -174,8 +251,7 @@ def _blocks(
         fop = None if rule is None else RULES[rule](f"{call.op}_{i}", call, dt, bool(roots))
         if fop is None:
             unmapped[call.op] += 1
-            fop = RULES["clone"](f"{call.op}_{i}", call, dt, bool(roots))
-        assert fop is not None
+            fop = unmapped_copy(f"{call.op}_{i}", call, dt)
         fops.append(_backward(_charge_params(fop, new), call, needs))
         out_bytes.append(sum(t.numel() * t.element_size() for t in call.outs))
     return (Block("module", tuple(fops), 1, host_ops=host),), unmapped, out_bytes, claimed
@@ -187,15 +263,22 @@ def trace_module(
     *,
     train: bool,
     kwargs: dict[str, Any] | None = None,
+    flash: bool = False,
 ) -> ModuleTrace:
     """Run ``module(*args, **kwargs)`` on the meta device (train or eval mode) and map its
-    aten ops."""
+    aten ops; ``flash``: the GPU runs FlashAttention-2 (`_CudaRoutes`)."""
     module = module.to("meta").train(train)
     args, kwargs = tree_map_only(torch.Tensor, lambda a: a.to("meta"), (args, kwargs or {}))
     params: dict[int, torch.Tensor] = {id(p): p for p in module.parameters()}
     rec = _Recorder(params)
-    with torch.set_grad_enabled(train), _NativeDropout(), rec:
-        result = module(*args, **kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.set_grad_enabled(train), _CudaRoutes(flash=flash), rec:
+            result = module(*args, **kwargs)
+    for w in caught:  # torch.autocast("cuda") without CUDA disables itself with a warning
+        if "autocast" in str(w.message).lower():
+            raise AutocastError
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     outputs = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
     if train and not any(_differentiable(t) for t in outputs):
         kinds = ", ".join(sorted({str(t.dtype) for t in outputs})) or "no tensor"
@@ -214,6 +297,7 @@ def trace_module(
         num_params=sum(p.numel() for p in params.values()),
         trainable_params=sum(params[i].numel() for i in stepped),
         param_bytes=sum(p.numel() * p.element_size() for p in params.values()),
+        buffer_bytes=sum(b.numel() * b.element_size() for b in module.buffers()),
         dtype=dtype,
         kernel_out_bytes=sum(out_bytes),
         largest_out_bytes=max(out_bytes, default=0),

@@ -21,6 +21,7 @@ tensors it owns (for gradient accumulation and the optimizer). Backward rules:
   kernel each (``tanh`` and ``gelu`` read input and gradient: ``mul``-shaped); ``pow``: three
   kernels.
 * embedding: zero-fill of the ``(V, H)`` gradient plus an ``embedding`` scatter of ``(T, H)``.
+* flash attention: FlashAttention-2's backward kernel (``attention_bwd``).
 * additions: no backward kernel (the gradient passes through).
 """
 
@@ -87,6 +88,19 @@ def softmax(name: str, rows: int, h: int, dtype: Dtype) -> FrameworkOp:
     """Softmax over the last dimension."""
     bw = (_k(OpFamily.SOFTMAX, (rows, h), dtype), _k(OpFamily.ELEMENTWISE, (rows, h), dtype, "mul"))
     return FrameworkOp(name, (_k(OpFamily.SOFTMAX, (rows, h), dtype),), bw)
+
+
+def flash_attention(
+    name: str, dims: tuple[int, int, int, int], dtype: Dtype, *, causal: bool
+) -> FrameworkOp:
+    """FlashAttention-2 over ``dims = (batch x heads, S_q, S_kv, head dim)``: one forward and
+    one backward kernel of the attention family (causal: the blocks under the diagonal)."""
+    fw, bw = (
+        ("attention_causal", "attention_causal_bwd") if causal else ("attention", "attention_bwd")
+    )
+    return FrameworkOp(
+        name, (_k(OpFamily.ATTENTION, dims, dtype, fw),), (_k(OpFamily.ATTENTION, dims, dtype, bw),)
+    )
 
 
 def dropout(name: str, rows: int, h: int, dtype: Dtype) -> FrameworkOp:
