@@ -40,6 +40,20 @@ def read_toml(path: Path, what: str, error: type[Exception]) -> dict[str, Any]:
         raise error(f"cannot read {what} {path} as TOML (UTF-8): {e}") from e
 
 
+def find_relative(ref: str, folder: Path) -> str | None:
+    """Where a relative file path that another file names is read: from that file's
+    ``folder`` first, then from the current folder (as before there was a rule); None where
+    neither holds it. An absolute path, or an existing folder, is returned as it is (its
+    reader says what is wrong with it)."""
+    path = Path(ref)
+    if path.is_absolute():
+        return ref
+    beside = folder / path
+    if beside.exists():
+        return str(beside)
+    return ref if path.exists() else None
+
+
 def is_special_file(path: Path) -> bool:
     """Whether ``path`` exists as neither a regular file nor a folder (a device such as
     /dev/full, a pipe, /dev/stdout): renaming a new file over it would replace it."""

@@ -73,11 +73,33 @@ def _too_large(gpu: GPUSpec) -> str | None:
     return None
 
 
+def _inconsistent(gpu: GPUSpec) -> str | None:
+    """Two fields that no GPU holds together, as an error message naming them, or None: more
+    dedicated FP32 lanes than lanes (a 4096^3 FP32 GEMM forecast at 183% of the file's FP32
+    peak), or a tensor-core peak under the FP32 one (every catalog GPU's is 2-63x it; a bf16
+    peak written in TFLOP/s, 989.5, forecast that GEMM at 174 million seconds)."""
+    if gpu.fp32_dedicated_lanes_per_sm > gpu.fp32_lanes_per_sm:
+        return (
+            f"field 'fp32_dedicated_lanes_per_sm' ({gpu.fp32_dedicated_lanes_per_sm}) must be "
+            f"at most fp32_lanes_per_sm ({gpu.fp32_lanes_per_sm}); give the lanes not shared "
+            "with INT32 (all of them on most GPUs)"
+        )
+    fp32 = gpu.peak_flops_per_s.get(Dtype.FP32)
+    for dtype, peak in gpu.peak_flops_per_s.items():
+        if fp32 is not None and dtype is not Dtype.FP32 and peak < fp32:
+            return (
+                f"field 'peak_flops_per_s.{dtype.value}' is {peak:.4g} FLOP/s, under the FP32 "
+                f"peak ({fp32:.4g}); give the dense tensor-core peak in FLOP/s (not TFLOP/s), "
+                "or leave the dtype out"
+            )
+    return None
+
+
 def plausibility_error(gpu: GPUSpec, *, fp32_agreement: bool = True) -> str | None:
     """Why a validated `forecast.gpus.GPUSpec` cannot be a GPU (one line naming the field and
     the fix), or None. ``fp32_agreement``: check the FP32 peak against SMs x lanes x clock
     (a NeuSight sheet's lanes are derived from its peak, so it agrees by construction)."""
-    why = _too_large(gpu)
+    why = _too_large(gpu) or _inconsistent(gpu)
     if why or not fp32_agreement:
         return why
     peaks = gpu.peak_flops_per_s

@@ -19,6 +19,9 @@ from forecast.kernels import Dtype
 _Int = Annotated[int, Strict()]
 _Float = Annotated[float, Strict()]
 SHEET_SOURCE = "NeuSight device sheet"  # the first source of a spec read from one
+# what FlashAttention's and the tile picker's rules read ("sm_90" or "abc" passed as a GPU of
+# unknown capability, given FlashAttention-2 on the benefit of the doubt)
+COMPUTE_CAPABILITY = r"^([1-9][0-9]?\.[0-9]|gfx[0-9a-f]{3,4}|unknown)$"
 
 
 class GPUError(ValueError):
@@ -37,7 +40,10 @@ class GPUSpec(BaseModel):
     name: str
     vendor: str
     architecture: str
-    compute_capability: str = Field(description="NVIDIA sm version ('8.0') or AMD ISA ('gfx90a')")
+    compute_capability: str = Field(
+        pattern=COMPUTE_CAPABILITY,
+        description="NVIDIA sm version ('8.0') or AMD ISA ('gfx90a'); 'unknown' for neither",
+    )
     process_nm: _Float | None = Field(
         default=None, gt=0, description="process node of the GPU die, nm class (TSMC 4N: 5)"
     )
@@ -106,6 +112,13 @@ def first_error(e: ValidationError) -> str:
         return f"field {loc!r} must be a positive finite number, got {first['input']!r}"
     if first["type"] in ("int_type", "float_type"):
         return f"field {loc!r} {_not_a_number(first['type'], first['input'])}"
+    if first["type"] == "string_pattern_mismatch" and loc == "compute_capability":
+        return (
+            f"field 'compute_capability' is {json.dumps(first['input'])}; give the NVIDIA sm "
+            "version as MAJOR.MINOR in quotes ('9.0'), the AMD ISA ('gfx90a') or 'unknown'"
+        )
+    if first["type"] == "string_type":
+        return f"field {loc!r} must be a string in quotes, got {json.dumps(first['input'])}"
     return f"field {loc!r}: {first['msg']}"
 
 

@@ -48,13 +48,17 @@ def _from_toml(path: Path) -> GPUSpec:
 
 def _with_catalog_facts(spec: GPUSpec) -> GPUSpec:
     """Complete a device sheet with the catalog's architecture facts for the same device,
-    its tensor-core peaks among them (a sheet gives FP32 alone)."""
+    its tensor-core peaks among them (a sheet gives FP32 alone). An HBM device's ``Dev_Mem``
+    counts GiB, as `forecast.gpu_spec` explains (an H100 sheet's 80 read as 80e9 bytes left
+    it 73.5 usable GiB where the catalog's H100 has 79)."""
     try:
         cat = _catalog_by_neusight_name()[spec.name]
     except KeyError:
         return spec
+    hbm = cat.memory_type.upper().startswith("HBM")
     return spec.model_copy(
         update={
+            "hbm_bytes": spec.hbm_bytes / 1e9 * 2**30 if hbm else spec.hbm_bytes,
             "id": cat.id,
             "architecture": cat.architecture,
             "compute_capability": cat.compute_capability,

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from forecast.files import find_relative
 from simulator.errors import ConfigError, pydantic_msg
 from topologies import (
     Cluster,
@@ -35,16 +36,20 @@ class ClusterSection(BaseModel):
 
     model_config = _FROZEN
     gpu: str = Field(
+        min_length=1,
         description="catalog id (`tilesim list gpus`), device name, or a GPU .toml / NeuSight "
-        ".json path (relative to the scenario's folder)"
+        ".json path (relative to the scenario's folder, else to the current folder)",
     )
     server: str = Field(
-        description="intra-node fabric: catalog id (`tilesim list servers`) or a .toml path"
+        min_length=1,
+        description="intra-node fabric: catalog id (`tilesim list servers`) or a .toml path "
+        "(as gpu's)",
     )
     network: str | None = Field(
         default=None,
-        description="inter-node fabric (`tilesim list networks`) or a .toml path; default: "
-        "the server's default network; multi-node only",
+        min_length=1,
+        description="inter-node fabric (`tilesim list networks`) or a .toml path (as gpu's); "
+        "default: the server's default network; multi-node only",
     )
     num_gpus: int = Field(
         gt=0, le=MAX_GPUS, description=f"GPUs in the job: tp x cp x pp x dp (at most {MAX_GPUS:,})"
@@ -70,22 +75,27 @@ class ClusterSection(BaseModel):
     )
 
 
-def beside_scenario(base_dir: str, ref: str) -> str:
+def beside_scenario(base_dir: str, ref: str, key: str) -> str:
     """A catalog id as it is; a relative ``.toml``/``.json`` path from the scenario's folder,
-    as ``model.hf_config`` is (it was read from the current folder), where a file is there."""
-    path = Path(ref)
-    if path.suffix in (".toml", ".json") and not path.is_absolute():
-        beside = Path(base_dir) / path
-        if beside.is_file():
-            return str(beside)
-    return ref
+    then from the current folder (`forecast.files.find_relative`); a `ConfigError` naming
+    ``key`` and both folders where neither holds it."""
+    if Path(ref).suffix not in (".toml", ".json"):
+        return ref
+    found = find_relative(ref, Path(base_dir))
+    if found is None:
+        raise ConfigError(
+            f"{key}: file {ref} is neither in the scenario's folder ({Path(base_dir) / ref}) "
+            f"nor in the current folder ({Path.cwd()}); give a path relative to the scenario "
+            "file, or an absolute one"
+        )
+    return found
 
 
 def resolve_cluster(c: ClusterSection, base_dir: str = ".") -> Cluster:
     """A `Cluster` of ``num_gpus`` GPUs of the server type (per-node counts overridable);
     server and network TOML paths relative to ``base_dir`` (the scenario's folder)."""
     try:
-        server = load_server(beside_scenario(base_dir, c.server))
+        server = load_server(beside_scenario(base_dir, c.server, "cluster.server"))
     except TopologyError as e:
         raise ConfigError(f"cluster.server: {e}") from e
     if c.gpus_per_node is not None and c.gpus_per_node > server.gpus_per_node:
@@ -110,11 +120,12 @@ def resolve_cluster(c: ClusterSection, base_dir: str = ".") -> Cluster:
         raise ConfigError(
             f"cluster.nics_per_node: {nodes} nodes with no NIC cannot talk; give at least 1"
         )
-    net_id = c.network or server.default_network
+    net_id = c.network or server.default_network  # a server file's path: from its folder
+    key = "cluster.network" if c.network else f"cluster.server ({server.id})'s default_network"
     try:
-        net = load_network(beside_scenario(base_dir, net_id)) if net_id else None
+        net = load_network(beside_scenario(base_dir, net_id, key)) if net_id else None
     except TopologyError as e:
-        raise ConfigError(f"cluster.network: {e}") from e
+        raise ConfigError(f"{key}: {e}") from e
     if nodes > 1 and net is None:
         raise ConfigError(f"cluster.network: {nodes} nodes need a network id")
     spec = ClusterSpec(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 from collections.abc import Mapping
@@ -24,10 +25,33 @@ class InfeasibleConfig(Exception):  # noqa: N818 (a result, not a bug: calculon'
         self.reason = reason
 
 
+# pydantic's type errors -> what the value must be ("Input should be a valid integer" named
+# neither the value given nor the fix)
+_WANTED = {
+    "int_type": "a whole number",
+    "int_parsing": "a whole number",
+    "int_from_float": "a whole number",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "string_type": "a string in quotes",
+}
+
+
 def pydantic_msg(error: Mapping[str, Any]) -> str:
     """The message of one of pydantic's ``ValidationError.errors()``, without the ``Value
-    error, `` prefix it puts before a validator's own text."""
-    return str(error["msg"]).removeprefix("Value error, ")
+    error, `` prefix it puts before a validator's own text; a value of the wrong type says
+    what it must be and what it got (`_WANTED`)."""
+    if error.get("type") == "string_too_short":
+        return "must not be empty; give a value (or leave an optional key out)"
+    want = _WANTED.get(str(error.get("type")))
+    if want is None:
+        return str(error["msg"]).removeprefix("Value error, ")
+    value = error.get("input")
+    got = json.dumps(value) if isinstance(value, str | bool | int | float) else type(value).__name__
+    quoted = isinstance(value, str) and want != _WANTED["string_type"]
+    return f"must be {want}, got {got}" + ("; write it without quotes" if quoted else "")
 
 
 def at_least(flag: str, value: float, lo: float) -> None:

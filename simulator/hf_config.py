@@ -111,10 +111,29 @@ class _Config:
         return value
 
 
-def _activation(raw: Raw, default: str) -> Any:
-    """``activation_function``, or the config class's default when absent (GPT2Config's is
-    gelu_new, OPTConfig's relu)."""
-    return raw.get("activation_function", default)
+# HF ``activation_function`` (transformers' ACT2FN) -> how tilesim prices it: gelu_new as
+# eager's eight element-wise kernels, the others as the one kernel each launches (silu at
+# gelu's price, as `module_trace` prices it). Any other name was read as gelu without a word.
+HF_ACTIVATIONS: dict[str, str] = {
+    "gelu_new": "gelu_new",
+    "gelu": "gelu",
+    "gelu_pytorch_tanh": "gelu",
+    "relu": "relu",
+    "silu": "gelu",
+    "swish": "gelu",
+}
+
+
+def _activation(raw: Raw, default: str) -> str:
+    """``activation_function`` as tilesim prices it (`HF_ACTIVATIONS`), or the config class's
+    default when absent (GPT2Config's is gelu_new, OPTConfig's relu)."""
+    value = raw.get("activation_function", default)
+    if not isinstance(value, str) or value not in HF_ACTIVATIONS:
+        raise _BadValueError(
+            "activation_function",
+            f"is {json.dumps(value)}; tilesim prices {', '.join(HF_ACTIVATIONS)}",
+        )
+    return HF_ACTIVATIONS[value]
 
 
 def _gpt2(raw: Raw) -> Raw:
@@ -128,7 +147,7 @@ def _gpt2(raw: Raw) -> Raw:
         "num_heads": c.int("num_heads"),
         "vocab_size": c.int("vocab_size"),
         "max_positions": c.int("max_positions", 1024),
-        "activation": "gelu_new" if _activation(raw, "gelu_new") == "gelu_new" else "gelu",
+        "activation": _activation(raw, "gelu_new"),
     }
 
 
@@ -145,7 +164,7 @@ def _opt(raw: Raw) -> Raw:
         "num_heads": c.int("num_heads"),
         "vocab_size": c.int("vocab_size"),
         "max_positions": c.int("max_positions", 2048) + 2,
-        "activation": "relu" if _activation(raw, "relu") == "relu" else "gelu",
+        "activation": _activation(raw, "relu"),
     }
 
 

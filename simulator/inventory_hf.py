@@ -133,7 +133,7 @@ def _residual(z: Sizes, tag: str) -> list[FrameworkOp]:
 def gpt2(m: ModelSpec, run: Workload) -> tuple[Block, ...]:
     """GPT2LMHeadModel (Conv1D projections, gelu_new as 8 element-wise kernels)."""
     z = sizes(m, run)
-    act = GELU_NEW if m.activation == "gelu_new" else ("gelu",)
+    act = GELU_NEW if m.activation == "gelu_new" else (m.activation,)  # gelu or relu
     layer = [
         r.layernorm("ln_1", z.T, z.H, z.dt),
         r.linear("c_attn", z.T, (z.H, 3 * z.H), z.dt),

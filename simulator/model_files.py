@@ -6,6 +6,7 @@ config's own key for it, `hf_config.KEYS`). `models.load_model` picks the file b
 
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,17 @@ def validate_model(
     try:
         return ModelSpec.model_validate(raw)
     except ValidationError as e:
-        first = e.errors()[0]
+        errors = e.errors()
+        # an unknown key first, with the field it resembles: a misspelt required field is
+        # both unknown and missing, and only the unknown key names what the user typed
+        unknown = [x for x in errors if x["type"] == "extra_forbidden" and len(x["loc"]) == 1]
+        if unknown and keys is None:
+            key = str(unknown[0]["loc"][0])
+            fields = [f for f in ModelSpec.model_fields if f != "id"]
+            near = difflib.get_close_matches(key, fields, n=1, cutoff=0.6)
+            fix = f"did you mean {near[0]!r}?" if near else f"fields: {', '.join(fields)}"
+            raise ConfigError(f"{source}: field {key!r} is not a model field; {fix}") from e
+        first = errors[0]
         error = first.get("ctx", {}).get("error")
         if isinstance(error, ShapeError):
             field, msg = error.field, str(error)

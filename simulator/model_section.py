@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simulator.errors import ConfigError, pydantic_msg
+from simulator.model_shapes import ShapeError
 from simulator.models import ModelSpec
 
 # strict: a TOML ``true`` or ``2.0`` is not a GPU count, nor ``"yes"`` a switch
@@ -20,9 +21,14 @@ class ModelSection(BaseModel):
     """The model: exactly one of ``id``, ``hf_config`` or the inline sizes."""
 
     model_config = _FROZEN
-    id: str | None = Field(default=None, description="a catalog model (`tilesim list models`)")
+    id: str | None = Field(
+        default=None,
+        description="a catalog model (`tilesim list models`) or a model .toml / HF .json path "
+        "(relative to the scenario's folder, else to the current folder)",
+    )
     hf_config: str | None = Field(
-        default=None, description="a Hugging Face config.json, relative to the scenario file"
+        default=None,
+        description="a Hugging Face config.json or model .toml (a path, as id's)",
     )
     n_layers: int | None = Field(default=None, gt=0, description="inline: transformer layers")
     hidden_size: int | None = Field(default=None, gt=0, description="inline: model width")
@@ -81,5 +87,13 @@ def inline_model(m: ModelSection, name: str) -> ModelSpec:
         fields |= {"tied_embeddings": False}
     try:
         return ModelSpec.model_validate(fields)
-    except ValidationError as e:
-        raise ConfigError(f"model: {pydantic_msg(e.errors()[0])}") from e
+    except ValidationError as e:  # named by the table's key ("model: 7 heads ..." named none)
+        first = e.errors()[0]
+        error = first.get("ctx", {}).get("error")
+        field = error.field if isinstance(error, ShapeError) else str(first["loc"][0])
+        key = INLINE_KEY_OF.get(field, field)
+        raise ConfigError(f"model.{key}: {pydantic_msg(first)}") from e
+
+
+# `ModelSpec` field -> the inline [model] key that sets it, where the names differ
+INLINE_KEY_OF = {"num_layers": "n_layers", "num_heads": "n_heads", "num_kv_heads": "n_kv_heads"}

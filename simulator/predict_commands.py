@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from forecast.files import find_relative
 from forecast.gpus import GPUError, load_gpu
 from forecast.predict import LatencyModel
 from simulator.e2e import E2EResult, predict_run
@@ -56,7 +57,8 @@ def _add_predict(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--runs",
         type=path_arg,
         help=f"JSONL, one run per line: a JSON object of keys {', '.join(RUN_KEYS)} (as the "
-        "flags; --latency-model and --data apply to every run)",
+        "flags; --latency-model and --data apply to every run; a relative model or GPU file "
+        "path is read from the runs file's folder, else from the current folder)",
     )
     p.add_argument("--module", help="FILE.py:FUNC, FUNC(batch, seq) -> (nn.Module, inputs): traced")
     p.add_argument(
@@ -293,6 +295,10 @@ def _run_line(line: bytes, args: argparse.Namespace, latency: LatencyModel) -> d
     line never stops the others)."""
     try:
         spec = parse_run_line(line)
+        for key in ("model", "gpu"):  # a file path: from the runs file's folder, as scenarios
+            value = spec.get(key)
+            if isinstance(value, str) and Path(value).suffix in (".toml", ".json"):
+                spec[key] = find_relative(value, args.runs.parent) or value
         return _run_one(spec, args, latency).model_dump()
     except UnicodeDecodeError:
         return {"error": "not UTF-8 text; write each run as UTF-8 JSON"}

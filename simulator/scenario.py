@@ -164,6 +164,10 @@ def parse_scenario(
         first = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
         loc = ".".join(str(x) for x in first["loc"])
         given = (overridden or {}).get(".".join(str(x) for x in first["loc"][:2]))
+        if given is None:  # an unknown table the --set made ("foo" of --set foo.bar=1)
+            given = next(
+                (a for k, a in (overridden or {}).items() if k.startswith(f"{loc}.")), None
+            )
         if given is not None:  # the value came from the command line, not the file
             source = f"--set {given}"
         if first["type"] == "extra_forbidden":
@@ -202,19 +206,19 @@ def resolve_model(s: Scenario) -> ModelSpec:
         raise ConfigError("model: give one of id and hf_config, not both")
     inline = sorted(k for k in INLINE_KEYS if getattr(m, k) != ModelSection.model_fields[k].default)
     if (m.id is not None or m.hf_config is not None) and inline:
-        named = "id" if m.id is not None else "hf_config"
+        which = "id" if m.id is not None else "hf_config"
         raise ConfigError(
-            f"model: {named} names the whole model; drop the inline key(s) {', '.join(inline)} "
-            "or drop model." + named
+            f"model: {which} names the whole model; drop the inline key(s) {', '.join(inline)} "
+            "or drop model." + which
         )
-    try:
-        if m.id is not None:
-            return load_model(m.id)
-        if m.hf_config is not None:
-            path = Path(m.hf_config)
-            return load_model(path if path.is_absolute() else Path(s.base_dir) / path)
-    except ConfigError as e:  # the loader's text did not say which key named the model
-        raise ConfigError(f"model.{'id' if m.id is not None else 'hf_config'}: {e}") from e
+    key = f"model.{'id' if m.id is not None else 'hf_config'}"
+    named = m.id if m.id is not None else m.hf_config
+    if named is not None:  # a path from the scenario's folder, as the cluster's files
+        ref = beside_scenario(s.base_dir, named, key)
+        try:
+            return load_model(ref if m.id is not None else Path(ref))
+        except ConfigError as e:  # the loader's text did not say which key named the model
+            raise ConfigError(f"{key}: {e}") from e
     return inline_model(m, s.study.name)
 
 
@@ -263,7 +267,7 @@ def check_tokens(seq_len: int, run: RunConfig) -> None:
 def resolve(s: Scenario) -> SimInputs:
     """Load the model, GPU and cluster a scenario names; unknown ids become `ConfigError`."""
     try:
-        gpu = load_gpu(beside_scenario(s.base_dir, s.cluster.gpu))
+        gpu = load_gpu(beside_scenario(s.base_dir, s.cluster.gpu, "cluster.gpu"))
     except GPUError as e:
         raise ConfigError(f"cluster.gpu: {e}") from e
     try:  # "dtype fp8: ..." named no key (the flag of `kernels predict` is --dtype)

@@ -113,7 +113,7 @@ def test_sweep_without_workers_runs_serial_and_help_names_the_default(
             "global_batch_sze = 16",
             ("'training.global_batch_sze' is not", "did you mean 'training.global_batch_size'"),
         ),
-        ('name = "tiny-gpt-8gpu"', 'name = ""', ("key 'study.name'", "at least 1 character")),
+        ('name = "tiny-gpt-8gpu"', 'name = ""', ("key 'study.name'", "must not be empty")),
     ],
 )
 def test_a_scenario_typo_or_empty_name_is_one_line_naming_it(

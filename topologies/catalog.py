@@ -89,11 +89,14 @@ def load_server(name: str) -> ServerSpec:
     path = _resolve(name, SERVERS_DIR, "server")
     spec = _load(path, ServerSpec)
     net = spec.default_network  # a bad catalog id is refused with its file, whatever needs it
-    if net is not None and Path(net).suffix != ".toml":  # a path is read where it is used
+    if net is not None and Path(net).suffix != ".toml":
         try:
             load_network(net)
         except TopologyError as e:
             raise TopologyError(f"{path}: field 'default_network': {e}") from None
+    elif net is not None and not Path(net).is_absolute() and (path.parent / net).is_file():
+        # a path: from the server file's folder, where it is there (else the current folder)
+        spec = spec.model_copy(update={"default_network": str(path.parent / net)})
     if spec.fabric == "mesh":  # a file wires every link (a scenario's cut may drop some)
         for gpu, n in enumerate(spec.mesh_links_per_gpu()):
             if n != spec.links_per_gpu:

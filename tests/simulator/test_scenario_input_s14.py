@@ -69,7 +69,7 @@ def test_an_unknown_model_names_its_key(tmp_path: Path) -> None:
 
 
 def test_an_inline_model_rule_reads_without_pydantic_prefix() -> None:
-    with pytest.raises(ConfigError, match=r"^model: 7 heads do not divide"):
+    with pytest.raises(ConfigError, match=r"^model\.n_heads: 7 heads do not divide"):
         resolve(load_scenario(TINY, overrides=("model.n_heads=7",)))
 
 
