@@ -77,9 +77,17 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
+        name = func.overloadpacket.__name__
+        if name in GRAD_OPERANDS:  # CUDA refuses mixed operands; meta computed them
+            kinds = {t.dtype for t in args if isinstance(t, torch.Tensor) and t.is_floating_point()}
+            if len(kinds) > 1:
+                raise RuntimeError(
+                    f"{name} of {' and '.join(sorted(map(str, kinds)))} operands, which CUDA "
+                    "refuses: give the inputs the module's dtype in the builder"
+                )
         out = func(*args, **(kwargs or {}))
         outs = tuple(t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
-        call = Call(func.overloadpacket.__name__, tuple(args), outs)
+        call = Call(name, tuple(args), outs)
         first = call_tensors(call)[:1]
         if call.op in VIEW_OPS and first and id(first[0]) in self.root:
             self.root.update({id(t): self.root[id(first[0])] for t in outs})

@@ -229,3 +229,19 @@ def test_lstm_views_and_stacks_are_not_unmapped(
     )
     rc, out = _predict(capsys, f"{path}:build", seq=16, mode="inf")
     assert rc == 0 and out["unmapped_ops"] == {}
+
+
+def test_mixed_dtype_operands_are_refused_as_cuda_refuses_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bf16 module fed fp32 inputs was priced in bf16; torch on a GPU raises."""
+    path = tmp_path / "mixed_s28.py"
+    path.write_text(
+        "import torch, torch.nn as nn\n"
+        "def build(b, s):\n"
+        "    return nn.Linear(64, 64).bfloat16(), (torch.randn(b, s, 64),)\n"
+    )
+    rc, out = _predict(capsys, f"{path}:build", seq=16)
+    err = str(out["stderr"]).strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert "addmm of torch.bfloat16 and torch.float32 operands, which CUDA refuses" in err
