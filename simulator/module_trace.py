@@ -145,22 +145,24 @@ class _CudaRoutes(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 FLASH_MAX_HEAD_DIM = 256  # FlashAttention-2's largest head dimension
 
 
 def _flash_sdpa(named: dict[str, Any]) -> torch.Tensor | None:
     """PyTorch's flash backend for ``scaled_dot_product_attention`` where it takes the call
-    (fp16/bf16, 4-d, no explicit mask, head dim at most 256, as many key as query heads),
-    else None (the math path)."""
+    (fp16/bf16, 4-d, no explicit mask, head dim at most 256, as many key as query heads or,
+    with ``enable_gqa``, a divisor of them: FA2 reads a group's keys once), else None (the
+    math path)."""
     q, k, v = named["query"], named["key"], named["value"]
     if not (
         q.dtype in FLASH_DTYPES
         and q.dim() == k.dim() == v.dim() == 4
         and named.get("attn_mask") is None
         and q.shape[-1] <= FLASH_MAX_HEAD_DIM
-        and q.shape[1] == k.shape[1] == v.shape[1]
+        and k.shape[1] == v.shape[1]
+        and (q.shape[1] == k.shape[1] or (named.get("enable_gqa") and q.shape[1] % k.shape[1] == 0))
     ):
         return None
     out = torch.ops.aten._scaled_dot_product_flash_attention(

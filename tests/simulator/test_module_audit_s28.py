@@ -37,6 +37,19 @@ class Attn(nn.Module):
         return self.o(y.transpose(1, 2).reshape(b, t, D))
 
 
+class GQA(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q, self.kv, self.o = nn.Linear(D, D), nn.Linear(D, D), nn.Linear(D, D)  # 2 kv heads
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, H, D // H).transpose(1, 2)
+        k, v = self.kv(x).view(b, t, 2, H // 2, D // H).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.o(y.transpose(1, 2).reshape(b, t, D))
+
+
 class MHA(nn.Module):
     def __init__(self):
         super().__init__()
@@ -85,6 +98,7 @@ def imported_bf16(b, s): return Attn(True, imported=True).bfloat16(), (x(b, s, t
 def causal_fp32(b, s): return Attn(True), (x(b, s),)
 def causal_fp16(b, s): return Attn(True).half(), (x(b, s, torch.float16),)
 def mha_bf16(b, s): return MHA().bfloat16(), (x(b, s, torch.bfloat16),)
+def gqa_bf16(b, s): return GQA().bfloat16(), (x(b, s, torch.bfloat16),)
 def buffered(b, s): return Buffered(2 ** 36).bfloat16(), (x(b, s, torch.bfloat16),)
 def summed(b, s): return Sum(), (x(b, s),)
 def amp_cpu(b, s): return Amp("cpu"), (x(b, s),)
@@ -117,7 +131,9 @@ def _families(modules: Path, func: str, *, flash: bool, mode: str = "train") -> 
     return {op.kernel.family for op in graph.ops if op.phase is not Phase.OPTIMIZER}
 
 
-@pytest.mark.parametrize("func", ["causal_bf16", "full_bf16", "imported_bf16", "mha_bf16"])
+@pytest.mark.parametrize(
+    "func", ["causal_bf16", "full_bf16", "imported_bf16", "mha_bf16", "gqa_bf16"]
+)
 def test_sdpa_in_16_bits_is_flash_attention_where_the_gpu_runs_it(modules: Path, func: str) -> None:
     """It was priced as meta's math path: q, k, v cast to fp32, fp32 score bmm and softmax
     (bf16 slower and larger than fp32), also inside ``nn.MultiheadAttention``."""
