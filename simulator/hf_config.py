@@ -71,6 +71,8 @@ KEYS: dict[str, dict[str, str]] = {
     },
     "llama": _LLAMA_KEYS,
     "mixtral": _LLAMA_KEYS,
+    "mistral": _LLAMA_KEYS,
+    "qwen2": _LLAMA_KEYS,
 }
 
 
@@ -236,6 +238,12 @@ READERS: dict[str, Callable[[Raw], Raw]] = {
     "switch_transformers": _switch,
     "llama": _llama,
     "mixtral": _llama,
+    # Llama's layer: RMSNorm, rotary, SwiGLU, grouped-query attention. Mistral's sliding
+    # window is not modelled (attention over the whole causal context, as HF eager computes
+    # it under its mask); Qwen2's q/k/v biases sit in their GEMMs (addmm), which the linear
+    # family prices with a bias either way
+    "mistral": _llama,
+    "qwen2": _llama,
 }
 
 

@@ -204,3 +204,57 @@ def test_an_error_names_the_set_or_the_key_it_came_from(
 ) -> None:
     assert main(["simulate", str(TINY), "--set", setting]) == 2
     assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("model_type", "config", "params"),
+    [
+        # Mistral-7B-v0.1's config.json: 7.24e9 parameters (its model card)
+        (
+            "mistral",
+            {
+                "hidden_size": 4096,
+                "intermediate_size": 14336,
+                "num_hidden_layers": 32,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "vocab_size": 32000,
+                "max_position_embeddings": 32768,
+                "sliding_window": 4096,
+                "tie_word_embeddings": False,
+            },
+            7.24e9,
+        ),
+        # Qwen2-7B's config.json: 7.62e9 parameters (q/k/v biases, 0.4M, not counted here)
+        (
+            "qwen2",
+            {
+                "hidden_size": 3584,
+                "intermediate_size": 18944,
+                "num_hidden_layers": 28,
+                "num_attention_heads": 28,
+                "num_key_value_heads": 4,
+                "vocab_size": 152064,
+                "max_position_embeddings": 131072,
+                "use_sliding_window": False,
+                "tie_word_embeddings": False,
+            },
+            7.62e9,
+        ),
+    ],
+)
+def test_mistral_and_qwen2_configs_read_as_llamas(
+    tmp_path: Path, model_type: str, config: dict[str, object], params: float
+) -> None:
+    """They were "unsupported model_type": both are Llama's layer (RMSNorm, rotary, SwiGLU,
+    grouped-query attention)."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": model_type, **config}))
+    m = load_model(path)
+    assert (m.architecture, m.activation, m.norm, m.position) == (
+        "llama",
+        "swiglu",
+        "rmsnorm",
+        "rotary",
+    )
+    assert m.num_params() == pytest.approx(params, rel=0.005)
