@@ -27,13 +27,7 @@ from forecast.predict import LatencyModel, LatencyTable
 from forecast.stream import stream_table
 from simulator.e2e import Overheads, predict_graph
 from simulator.errors import ConfigError
-from simulator.label_trace import (
-    TABLED,
-    trace_backward_ms,
-    trace_family_ms,
-    trace_kernels,
-    trace_pass_ms,
-)
+from simulator.label_trace import TABLED, trace_backward_ms, trace_kernels, trace_sums
 from simulator.models import ModelSpec, load_model
 from simulator.opgraph import OpGraph, Phase, Workload, build_ops
 
@@ -132,11 +126,10 @@ def load_labels(data_dir: Path, *, compiled: bool = False) -> tuple[list[Label],
                 framework=framework,  # type: ignore[arg-type]
             )
             model = MODEL_ALIASES.get(m["model"], m["model"])
-            trace = passes = None
-            if not compiled:
-                csv_path, layers = path.with_suffix(".csv.gz"), int(raw.get("num_layer") or 0)
-                trace = trace_family_ms(csv_path, layers)
-                passes = trace_pass_ms(csv_path, layers) if run.mode == "train" else None
+            sums = None
+            if not compiled:  # one read of the trace: per family and per pass
+                sums = trace_sums(path.with_suffix(".csv.gz"), int(raw.get("num_layer") or 0))
+            trace, passes = sums if sums is not None else (None, None)
             labels.append(
                 Label(
                     gpu.id,

@@ -22,7 +22,7 @@ import json
 import math
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -197,46 +197,40 @@ PASS_COLUMNS = ("fw_latency", "bw_latency", "acc_latency")  # forward, backward,
 
 def trace_family_ms(path: Path, num_layers: int) -> dict[str, float] | None:
     """Measured ms per op family (and ``HOST``) over the full model, forward + backward +
-    gradient accumulation. ``num_layers`` 0 marks a full-model trace (Switch's), summed as it
-    is; otherwise layer-0 rows count ``num_layers`` times. None when the trace is absent or a
-    one-layer trace has no layer-0 rows."""
-
-    def cells(row: Mapping[str, str]) -> Iterator[tuple[str, float]]:
-        yield row_family(row), sum(float(row[k] or 0.0) for k in PASS_COLUMNS)
-
-    return _full_model_ms(path, num_layers, cells)
+    gradient accumulation (`trace_sums`)."""
+    sums = trace_sums(path, num_layers)
+    return None if sums is None else sums[0]
 
 
 def trace_pass_ms(path: Path, num_layers: int) -> dict[str, float] | None:
     """Measured ms of the full model's ``forward`` and ``backward`` (its backward kernels and
-    gradient accumulation, as the label's ``bwall_latency`` times them), summed over the
-    trace's ops as `trace_family_ms` sums them; None where it is None."""
-
-    def cells(row: Mapping[str, str]) -> Iterator[tuple[str, float]]:
-        yield "forward", float(row["fw_latency"] or 0.0)
-        yield "backward", float(row["bw_latency"] or 0.0) + float(row["acc_latency"] or 0.0)
-
-    return _full_model_ms(path, num_layers, cells)
+    gradient accumulation, as the label's ``bwall_latency`` times them) (`trace_sums`)."""
+    sums = trace_sums(path, num_layers)
+    return None if sums is None else sums[1]
 
 
-def _full_model_ms(
-    path: Path,
-    num_layers: int,
-    cells: Callable[[Mapping[str, str]], Iterator[tuple[str, float]]],
-) -> dict[str, float] | None:
-    """The ms of each key ``cells`` gives a row, over the full model (`trace_family_ms`)."""
+def trace_sums(path: Path, num_layers: int) -> tuple[dict[str, float], dict[str, float]] | None:
+    """A trace's measured ms over the full model, in one read: per op family (and ``HOST``),
+    forward + backward + gradient accumulation; and per pass, ``forward`` and ``backward``
+    (backward kernels + gradient accumulation). ``num_layers`` 0 marks a full-model trace
+    (Switch's), summed as it is; otherwise layer-0 rows count ``num_layers`` times. None when
+    the trace is absent or a one-layer trace has no layer-0 rows."""
     if not path.is_file() or num_layers < 0:
         return None
-    layer: dict[str, float] = defaultdict(float)
-    rest: dict[str, float] = defaultdict(float)
+    layer: dict[tuple[str, str], float] = defaultdict(float)
+    rest: dict[tuple[str, str], float] = defaultdict(float)
     with _rows(path) as rows:
         for row in rows:
             into = layer if num_layers > 0 and LAYER0.search(row["meta"]) else rest
-            for key, t in cells(row):
-                into[key] += t
+            fw, bw, acc = (float(row[k] or 0.0) for k in PASS_COLUMNS)
+            into["family", row_family(row)] += fw + bw + acc
+            into["pass", "forward"] += fw
+            into["pass", "backward"] += bw + acc
     if num_layers > 0 and sum(layer.values()) <= 0:
         return None
-    return {
+    full = {
         key: layer.get(key, 0.0) * num_layers + rest.get(key, 0.0)
         for key in sorted(layer.keys() | rest.keys())
     }
+    by = {kind: {k: v for (c, k), v in full.items() if c == kind} for kind in ("family", "pass")}
+    return by["family"], by["pass"]

@@ -146,8 +146,8 @@ def trace_builder(spec: str, run: Workload, *, flash: bool = False) -> ModuleTra
 def module_memory(trace: ModuleTrace, run: Workload, gpu: GPUSpec) -> MemoryEstimate:
     """Weights, gradients, Adam state and activations (module docstring)."""
     train = run.mode == "train"
-    acts = float(trace.kernel_out_bytes + trace.largest_out_bytes)
-    acts = acts if train else 2.0 * trace.largest_out_bytes
+    largest = float(trace.largest_out_bytes)
+    acts = trace.kernel_out_bytes + largest if train else 2.0 * largest
     n = float(trace.num_params)
     item = trace.param_bytes / n if n else float(ITEMSIZE_BYTES[trace.dtype])
     stepped = float(trace.trainable_params) if train else n

@@ -163,11 +163,11 @@ def parse_scenario(
         errors = e.errors()
         first = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
         loc = ".".join(str(x) for x in first["loc"])
-        given = (overridden or {}).get(".".join(str(x) for x in first["loc"][:2]))
-        if given is None:  # an unknown table the --set made ("foo" of --set foo.bar=1)
-            given = next(
-                (a for k, a in (overridden or {}).items() if k.startswith(f"{loc}.")), None
-            )
+        # the --set of this key (TABLE.KEY), or of a key in the unknown table it made (foo
+        # of --set foo.bar=1)
+        key = ".".join(str(x) for x in first["loc"][:2])
+        sets = (overridden or {}).items()
+        given = next((a for k, a in sets if k == key or k.startswith(f"{loc}.")), None)
         if given is not None:  # the value came from the command line, not the file
             source = f"--set {given}"
         if first["type"] == "extra_forbidden":
